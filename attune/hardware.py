@@ -1,0 +1,199 @@
+"""GPU and cluster specifications, with the source of every number.
+
+Units: bytes for memory sizes (GiB = 2**30 bytes where printed), TFLOP/s for compute, GB/s (1e9 bytes/s)
+for bandwidths, USD per GPU-hour for prices. Bandwidths are per direction.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, replace
+
+GiB = 2**30
+
+
+class HardwareError(ValueError):
+    """Unknown GPU type or malformed cluster spec."""
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    memory_bytes: int  # what the driver reports as total memory (torch.cuda.get_device_properties().total_memory)
+    bf16_tflops: float  # dense BF16/FP16 tensor-core peak, TFLOP/s
+    hbm_gbps: float  # HBM bandwidth, GB/s
+    nvlink_gbps: float  # NVLink bandwidth per GPU per direction, GB/s
+    gpus_per_node: int  # default node size
+    internode_gbps: float  # scale-out bandwidth per node per direction, GB/s
+    pcie_gbps: float  # host link per GPU per direction, GB/s
+    host_memory_bytes: int  # host RAM per node
+    host_mem_gbps: float  # host DRAM bandwidth per node, GB/s (CPU optimizer)
+    usd_per_hour: float  # default on-demand price per GPU-hour
+    price_source: str
+    source: str
+    is_cpu: bool = False
+
+    @property
+    def capacity_gib(self) -> float:
+        """Usable device memory in GiB: the driver's total; fixed overheads are modelled separately."""
+        return self.memory_bytes / GiB
+
+
+# Each entry: memory as reported by the CUDA driver (the figure OOM messages quote as "total capacity").
+GPUS: dict[str, GPU] = {
+    "H100": GPU(
+        name="H100 SXM 80GB",
+        memory_bytes=85_029_158_912,  # 79.19 GiB reported by torch on H100 SXM5 80GB HBM3
+        bf16_tflops=989.4,  # NVIDIA H100 datasheet: BF16 1,979 TFLOP/s with sparsity, half dense
+        hbm_gbps=3350.0,  # NVIDIA H100 SXM datasheet: 3.35 TB/s
+        nvlink_gbps=450.0,  # NVLink 4: 900 GB/s bidirectional per GPU (datasheet)
+        gpus_per_node=8,
+        internode_gbps=400.0,  # 8 x 400 Gb/s NDR / EFA 3.2 Tb/s per node (AWS p5)
+        pcie_gbps=55.0,  # PCIe Gen5 x16: 64 GB/s raw, ~55 GB/s achieved (nvbandwidth-class measurements)
+        host_memory_bytes=2 * 1024**4,  # AWS p5.48xlarge: 2 TiB
+        host_mem_gbps=600.0,  # 2 sockets x 8-12 DDR5 channels, ~300 GB/s achieved each (STREAM-class)
+        usd_per_hour=6.88,  # AWS p5.48xlarge on-demand 55.04 USD/h / 8 GPUs (after the 2025 price cut) [unverified]
+        price_source="AWS p5.48xlarge on-demand, us-east-1, 55.04 USD/h for 8 GPUs [unverified]",
+        source="NVIDIA H100 Tensor Core GPU datasheet; NVIDIA nccl-tests#212 for achieved NVLink",
+    ),
+    "H200": GPU(
+        name="H200 SXM 141GB",
+        memory_bytes=150_119_374_848,  # 139.81 GiB, the "total capacity" in CUDA OOM messages on H200
+        bf16_tflops=989.4,  # same Hopper SXM tensor cores as H100: 989 dense (reference notes section 6.3)
+        hbm_gbps=4800.0,  # NVIDIA H200 datasheet: 4.8 TB/s HBM3e
+        nvlink_gbps=450.0,  # NVLink 4: 900 GB/s bidirectional per GPU
+        gpus_per_node=8,
+        internode_gbps=400.0,  # AWS p5en: 3.2 Tb/s EFA per node (seed recipe stack.network)
+        pcie_gbps=55.0,  # PCIe Gen5 x16
+        host_memory_bytes=2 * 1024**4,  # AWS p5en.48xlarge: 2 TiB
+        host_mem_gbps=600.0,  # 2-socket DDR5 host, STREAM-class
+        usd_per_hour=7.91,  # AWS p5en.48xlarge 63.30 USD/h / 8; the seed's 0.88 USD/Mtok at 2,499.5 tok/s/GPU implies 7.9
+        price_source="AWS p5en.48xlarge on-demand, 63.30 USD/h for 8 GPUs; consistent with the seed recipe's 0.88 USD per million tokens",
+        source="NVIDIA H200 datasheet; seed recipe (instance AWS p5en.48xlarge)",
+    ),
+    "A100": GPU(
+        name="A100 SXM 80GB",
+        memory_bytes=85_899_345_920 - 911_605_760,  # 79.15 GiB reported by torch on A100-SXM4-80GB
+        bf16_tflops=312.0,  # NVIDIA A100 datasheet: BF16 312 TFLOP/s dense
+        hbm_gbps=2039.0,  # A100 80GB SXM datasheet: 2,039 GB/s
+        nvlink_gbps=300.0,  # NVLink 3: 600 GB/s bidirectional
+        gpus_per_node=8,
+        internode_gbps=50.0,  # AWS p4de: 400 Gb/s EFA per node
+        pcie_gbps=25.0,  # PCIe Gen4 x16: 32 GB/s raw
+        host_memory_bytes=1152 * 1024**3,  # AWS p4de.24xlarge: 1,152 GiB
+        host_mem_gbps=300.0,
+        usd_per_hour=5.12,  # AWS p4de.24xlarge on-demand 40.97 USD/h / 8 [unverified]
+        price_source="AWS p4de.24xlarge on-demand, 40.97 USD/h for 8 GPUs [unverified]",
+        source="NVIDIA A100 datasheet",
+    ),
+    "B200": GPU(
+        name="B200 180GB",
+        memory_bytes=191_503_138_816,  # 178.35 GiB as reported on HGX B200 (180 GB usable of 192 GB) [unverified]
+        bf16_tflops=2250.0,  # NVIDIA HGX B200: 2.25 PFLOP/s dense FP16/BF16 per GPU (18 PF sparse FP4 class sheet)
+        hbm_gbps=7700.0,  # HGX B200 datasheet: 7.7 TB/s per GPU (62 TB/s per 8)
+        nvlink_gbps=900.0,  # NVLink 5: 1.8 TB/s bidirectional per GPU
+        gpus_per_node=8,
+        internode_gbps=400.0,  # AWS p6-b200: 3.2 Tb/s EFA per node
+        pcie_gbps=55.0,  # PCIe Gen5 x16
+        host_memory_bytes=2 * 1024**4,
+        host_mem_gbps=600.0,
+        usd_per_hour=14.24,  # AWS p6-b200.48xlarge on-demand 113.93 USD/h / 8 [unverified]
+        price_source="AWS p6-b200.48xlarge on-demand, 113.93 USD/h for 8 GPUs [unverified]",
+        source="NVIDIA HGX B200 datasheet",
+    ),
+}
+
+
+def _cpu_device() -> GPU:
+    """The local CPU as a 'device' for the torch runner (gloo): host RAM split across workers."""
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        ram = 16 * GiB
+    return GPU(
+        name="CPU worker", memory_bytes=ram, bf16_tflops=0.05,  # ~50 GFLOP/s fp32 per core (AVX2 FMA), nominal
+        hbm_gbps=10.0,  # one core's share of DRAM bandwidth, nominal
+        nvlink_gbps=2.0,  # gloo over loopback TCP, nominal
+        gpus_per_node=os.cpu_count() or 1, internode_gbps=1.0, pcie_gbps=10.0, host_memory_bytes=ram,
+        host_mem_gbps=10.0, usd_per_hour=0.05, price_source="nominal price of one cloud vCPU-hour",
+        source="local machine (os.sysconf)", is_cpu=True,
+    )
+
+
+def gpu_names() -> list[str]:
+    return list(GPUS) + ["cpu"]
+
+
+def get_gpu(name: str, price: float | None = None) -> GPU:
+    key = {k.lower(): k for k in GPUS}.get(name.lower())
+    if name.lower() == "cpu":
+        gpu = _cpu_device()
+    elif key is None:
+        raise HardwareError(f"unknown GPU type '{name}'; known: {', '.join(gpu_names())}")
+    else:
+        gpu = GPUS[key]
+    return replace(gpu, usd_per_hour=price) if price is not None else gpu
+
+
+@dataclass(frozen=True)
+class Cluster:
+    gpu: GPU
+    nodes: int
+    gpus_per_node: int
+    type_key: str  # the name used in the spec, e.g. H200
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def spec(self) -> str:
+        return f"{self.world_size}x{self.type_key}" if self.nodes == 1 else f"{self.nodes}x{self.gpus_per_node}x{self.type_key}"
+
+    @property
+    def host_memory_per_gpu_bytes(self) -> float:
+        return self.gpu.host_memory_bytes / self.gpus_per_node
+
+
+_SPEC = re.compile(r"^\s*(\d+)\s*[xX]\s*(?:(\d+)\s*[xX]\s*)?([A-Za-z][A-Za-z0-9_-]*)\s*$")
+
+
+def parse_cluster(spec: str, gpus_per_node: int | None = None, price: float | None = None) -> Cluster:
+    """`8xH200`, `16xH100` (8 per node unless told), `2x8xH100` (nodes x GPUs per node x type), `2xcpu`."""
+    m = _SPEC.match(spec or "")
+    if not m:
+        raise HardwareError(f"malformed GPU spec '{spec}'; expected COUNTxTYPE (8xH200) or NODESxPER_NODExTYPE (2x8xH100)")
+    a, b, name = int(m.group(1)), m.group(2), m.group(3)
+    gpu = get_gpu(name, price)
+    type_key = "cpu" if gpu.is_cpu else {k.lower(): k for k in GPUS}[name.lower()]
+    if b is not None:
+        nodes, per = a, int(b)
+    else:
+        per = gpus_per_node or min(a, gpu.gpus_per_node)
+        if a % per:
+            raise HardwareError(f"GPU spec '{spec}': {a} GPUs is not a multiple of {per} per node")
+        nodes = a // per
+    if nodes < 1 or per < 1:
+        raise HardwareError(f"GPU spec '{spec}': counts must be positive")
+    return Cluster(gpu=gpu, nodes=nodes, gpus_per_node=per, type_key=type_key)
+
+
+def detect_local_gpus() -> list[str]:
+    """Names of the local NVIDIA GPUs via NVML (nvidia-ml-py); [] without a driver or the package."""
+    try:
+        import pynvml  # type: ignore
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # no driver: NVMLError_LibraryNotFound / DriverNotLoaded
+        return []
+    try:
+        names = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            n = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
+            names.append(n.decode() if isinstance(n, bytes) else n)
+        return names
+    finally:
+        pynvml.nvmlShutdown()

@@ -1,0 +1,302 @@
+"""Model architectures read from a Hugging Face ``config.json``, and their exact parameter counts.
+
+Three families are understood:
+
+* ``llama`` (llama, mistral, qwen2, qwen3): GQA, SwiGLU, RMSNorm, rotary positions.
+* ``qwen3_5`` (qwen3_5, qwen3_5_text, qwen3_next dense): Gated DeltaNet ("linear attention") layers with
+  every ``full_attention_interval``-th layer a gated full-attention layer. Text model only.
+* ``gpt2``: LayerNorm, GeLU MLP of ``n_inner``, MHA with biases, learned positions.
+
+Parameter counts follow the layer definitions in transformers / megatron-core; the convention for
+"active" parameters (what MFU uses) is the recipe's: every matmul and conv weight including the
+output layer, excluding the input embedding (and learned positions) and every 1-D vector.
+Reference: shared/reference/slime-and-qwen.md section 3.1 (Qwen3.6-27B: 25,623,920,640).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+
+class ModelError(ValueError):
+    """A model that cannot be read: unknown name, unsupported family, missing field."""
+
+
+LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+HYBRID_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_next")
+GPT2_TYPES = ("gpt2",)
+
+FULL = "full"  # softmax attention layer
+LINEAR = "linear"  # Gated DeltaNet layer
+
+
+@dataclass(frozen=True)
+class LayerParams:
+    """Parameters of one decoder layer, split the way memory and parallelism need them."""
+
+    mixer_matrix: int  # attention or GDN weights (2-D / conv), shardable by TP in Megatron
+    mlp_matrix: int  # MLP weights
+    vectors: int  # norms, biases, gates' 1-D params (replicated across TP)
+
+    @property
+    def matrix(self) -> int:
+        return self.mixer_matrix + self.mlp_matrix
+
+    @property
+    def total(self) -> int:
+        return self.matrix + self.vectors
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    family: str  # llama | qwen3_5 | gpt2
+    model_type: str
+    num_layers: int
+    hidden: int
+    ffn: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied_embeddings: bool
+    norm: str = "rmsnorm"  # rmsnorm | layernorm
+    mlp: str = "swiglu"  # swiglu | gelu
+    positions: str = "rope"  # rope | learned
+    max_positions: int = 4096
+    rope_theta: float = 10000.0
+    rotary_percent: float = 1.0
+    norm_eps: float = 1e-6
+    qk_norm: bool = False
+    attn_bias: bool = False  # q/k/v biases (qwen2) or all biases (gpt2)
+    attn_output_gate: bool = False
+    layer_types: tuple[str, ...] = ()  # FULL or LINEAR per layer
+    lin_k_heads: int = 0
+    lin_v_heads: int = 0
+    lin_k_dim: int = 0
+    lin_v_dim: int = 0
+    conv_kernel: int = 0
+    source: str = ""
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    # ------------------------------------------------------------------ geometry
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def lin_qk_dim(self) -> int:
+        return self.lin_k_heads * self.lin_k_dim
+
+    @property
+    def lin_value_dim(self) -> int:
+        return self.lin_v_heads * self.lin_v_dim
+
+    @property
+    def lin_conv_dim(self) -> int:
+        return 2 * self.lin_qk_dim + self.lin_value_dim
+
+    def layer_type(self, i: int) -> str:
+        return self.layer_types[i] if self.layer_types else FULL
+
+    def count_types(self, start: int, stop: int) -> tuple[int, int]:
+        """(full-attention layers, GDN layers) among layers [start, stop)."""
+        lin = sum(1 for i in range(start, stop) if self.layer_type(i) == LINEAR)
+        return stop - start - lin, lin
+
+    # ------------------------------------------------------------------ parameters
+    def full_layer(self) -> LayerParams:
+        h = self.hidden
+        q_out = self.q_dim * (2 if self.attn_output_gate else 1)  # q_proj also emits the output gate
+        mixer = h * q_out + 2 * h * self.kv_dim + self.q_dim * h
+        vec = 0
+        if self.qk_norm:
+            vec += 2 * self.head_dim
+        if self.attn_bias and self.family == "gpt2":
+            vec += q_out + 2 * self.kv_dim + h
+        elif self.attn_bias:
+            vec += q_out + 2 * self.kv_dim
+        return LayerParams(mixer, self.mlp_params(), vec + self.mlp_vectors() + self.layer_norm_vectors())
+
+    def gdn_layer(self) -> LayerParams:
+        h = self.hidden
+        in_proj = h * (self.lin_conv_dim + self.lin_value_dim + 2 * self.lin_v_heads)  # qkv, z, b, a
+        conv = self.lin_conv_dim * self.conv_kernel  # depthwise conv1d, no bias
+        out = self.lin_value_dim * h
+        vec = 2 * self.lin_v_heads + self.lin_v_dim  # dt_bias, A_log, gated-norm weight
+        return LayerParams(in_proj + conv + out, self.mlp_params(), vec + self.layer_norm_vectors())
+
+    def layer(self, i: int) -> LayerParams:
+        return self.gdn_layer() if self.layer_type(i) == LINEAR else self.full_layer()
+
+    def mlp_params(self) -> int:
+        return (3 if self.mlp == "swiglu" else 2) * self.hidden * self.ffn
+
+    def mlp_vectors(self) -> int:
+        return self.ffn + self.hidden if self.family == "gpt2" else 0  # c_fc and c_proj biases
+
+    def layer_norm_vectors(self) -> int:
+        per_norm = self.hidden * (2 if self.norm == "layernorm" else 1)
+        return 2 * per_norm
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def position_params(self) -> int:
+        return self.max_positions * self.hidden if self.positions == "learned" else 0
+
+    @property
+    def output_params(self) -> int:
+        """The output layer's matmul weight (shared with the embedding when tied)."""
+        return self.vocab * self.hidden
+
+    @property
+    def final_norm_params(self) -> int:
+        return self.hidden * (2 if self.norm == "layernorm" else 1)
+
+    @property
+    def total_params(self) -> int:
+        layers = sum(self.layer(i).total for i in range(self.num_layers))
+        out = 0 if self.tied_embeddings else self.output_params
+        return layers + self.embedding_params + self.position_params + out + self.final_norm_params
+
+    @property
+    def active_params(self) -> int:
+        """Matmul and conv weights including the output layer; no input embedding, no 1-D vectors."""
+        return sum(self.layer(i).matrix for i in range(self.num_layers)) + self.output_params
+
+    def stage_params(self, start: int, stop: int, first: bool, last: bool) -> int:
+        """Total parameters of a pipeline stage holding layers [start, stop) (unsharded)."""
+        n = sum(self.layer(i).total for i in range(start, stop))
+        if first:
+            n += self.embedding_params + self.position_params
+        if last:
+            n += self.output_params + self.final_norm_params  # tied: Megatron keeps a copy on the last stage
+            if first and self.tied_embeddings:
+                n -= self.output_params
+        return n
+
+    def summary(self) -> dict:
+        full, lin = self.count_types(0, self.num_layers)
+        return {
+            "name": self.name,
+            "family": self.family,
+            "layers": self.num_layers,
+            "full_attention_layers": full,
+            "gated_deltanet_layers": lin,
+            "hidden": self.hidden,
+            "ffn": self.ffn,
+            "heads": self.heads,
+            "kv_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "vocab": self.vocab,
+            "tied_embeddings": self.tied_embeddings,
+            "total_params": self.total_params,
+            "active_params": self.active_params,
+        }
+
+
+# ---------------------------------------------------------------------- reading configs
+def _need(cfg: dict, key: str, where: str):
+    if key not in cfg or cfg[key] is None:
+        raise ModelError(f"{where}: config is missing the field '{key}'")
+    return cfg[key]
+
+
+def from_hf_config(cfg: dict, name: str = "model", where: str | None = None) -> ModelSpec:
+    """Build a ModelSpec from a parsed Hugging Face config.json."""
+    where = where or name
+    if not isinstance(cfg, dict):
+        raise ModelError(f"{where}: config.json must be a JSON object")
+    outer_type = cfg.get("model_type")
+    if "text_config" in cfg and isinstance(cfg["text_config"], dict):
+        text = dict(cfg["text_config"])
+        text.setdefault("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
+        text.setdefault("model_type", outer_type)
+        cfg = text
+    mt = cfg.get("model_type") or outer_type
+    if mt is None:
+        raise ModelError(f"{where}: config is missing the field 'model_type'")
+    n_experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0
+    if n_experts and n_experts > 1:
+        raise ModelError(f"{where}: mixture-of-experts models (num_experts={n_experts}) are not supported yet; dense models only")
+    src = cfg.get("_attune_source", "")
+    if mt in GPT2_TYPES:
+        h = _need(cfg, "n_embd", where)
+        heads = _need(cfg, "n_head", where)
+        return ModelSpec(
+            name=name, family="gpt2", model_type=mt, num_layers=_need(cfg, "n_layer", where), hidden=h,
+            ffn=cfg.get("n_inner") or 4 * h, heads=heads, kv_heads=heads, head_dim=h // heads,
+            vocab=_need(cfg, "vocab_size", where), tied_embeddings=cfg.get("tie_word_embeddings", True),
+            norm="layernorm", mlp="gelu", positions="learned", max_positions=_need(cfg, "n_positions", where),
+            norm_eps=cfg.get("layer_norm_epsilon", 1e-5), attn_bias=True, source=src,
+        )
+    if mt in LLAMA_TYPES or mt in HYBRID_TYPES:
+        h = _need(cfg, "hidden_size", where)
+        heads = _need(cfg, "num_attention_heads", where)
+        layers = _need(cfg, "num_hidden_layers", where)
+        common = dict(
+            name=name, model_type=mt, num_layers=layers, hidden=h, ffn=_need(cfg, "intermediate_size", where),
+            heads=heads, kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or h // heads, vocab=_need(cfg, "vocab_size", where),
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            max_positions=cfg.get("max_position_embeddings", 4096),
+            rope_theta=float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+            rotary_percent=float(cfg.get("partial_rotary_factor", 1.0)), norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            source=src,
+        )
+        act = cfg.get("hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise ModelError(f"{where}: hidden_act '{act}' is not supported; allowed: silu (SwiGLU)")
+        if mt in LLAMA_TYPES:
+            return ModelSpec(family="llama", qk_norm=mt == "qwen3", attn_bias=mt == "qwen2", **common)
+        if "layer_types" in cfg and cfg["layer_types"]:
+            kinds = tuple(FULL if t == "full_attention" else LINEAR for t in cfg["layer_types"])
+            if len(kinds) != layers:
+                raise ModelError(f"{where}: layer_types has {len(kinds)} entries for {layers} layers")
+        else:
+            every = cfg.get("full_attention_interval", 4)
+            kinds = tuple(FULL if (i + 1) % every == 0 else LINEAR for i in range(layers))
+        return ModelSpec(
+            family="qwen3_5", qk_norm=True, attn_output_gate=bool(cfg.get("attn_output_gate", True)), layer_types=kinds,
+            lin_k_heads=_need(cfg, "linear_num_key_heads", where), lin_v_heads=_need(cfg, "linear_num_value_heads", where),
+            lin_k_dim=_need(cfg, "linear_key_head_dim", where), lin_v_dim=_need(cfg, "linear_value_head_dim", where),
+            conv_kernel=cfg.get("linear_conv_kernel_dim", 4), **common,
+        )
+    allowed = ", ".join(LLAMA_TYPES + HYBRID_TYPES + GPT2_TYPES)
+    raise ModelError(f"{where}: model_type '{mt}' is not supported; allowed: {allowed}")
+
+
+def bundled_names() -> list[str]:
+    files = resources.files("attune").joinpath("model_configs")
+    return sorted(p.name[: -len(".json")] for p in files.iterdir() if p.name.endswith(".json"))
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A bundled model by name (case-insensitive), or a config.json path (or a folder holding one)."""
+    p = Path(name_or_path)
+    if p.is_dir():
+        p = p / "config.json"
+    if p.suffix == ".json" or p.exists():
+        if not p.exists():
+            raise ModelError(f"{name_or_path}: no such config file")
+        try:
+            cfg = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise ModelError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        return from_hf_config(cfg, name=p.parent.name if p.name == "config.json" else p.stem, where=str(p))
+    by_lower = {n.lower(): n for n in bundled_names()}
+    key = by_lower.get(name_or_path.lower())
+    if key is None:
+        raise ModelError(f"unknown model '{name_or_path}'; bundled: {', '.join(bundled_names())} (or pass a config.json path)")
+    text = resources.files("attune").joinpath("model_configs", f"{key}.json").read_text()
+    return from_hf_config(json.loads(text), name=key)

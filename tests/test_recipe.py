@@ -1,0 +1,490 @@
+"""Tests for attune.recipe: schema, I/O round trip, run-block parser, lint and summary."""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+from pathlib import Path
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from attune.recipe import (
+    Finding,
+    RecipeError,
+    dump_recipe,
+    has_errors,
+    lint,
+    load_known_flags,
+    load_recipe,
+    load_schema,
+    parse_recipe,
+    parse_run,
+    schema_errors,
+    summarize,
+    write_recipe,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+SEED = ROOT / "tests" / "fixtures" / "seed_recipe.yaml"
+REFERENCE = ROOT / "recipes" / "qwen3.6-27b" / "h200" / "attune-tp1-pp4-split16-rb12.yaml"
+SEED_ENTRY = "python3 -m --async \\\n"
+
+
+@pytest.fixture()
+def seed() -> dict:
+    return load_recipe(SEED)
+
+
+@pytest.fixture()
+def fixed(seed) -> dict:
+    """The seed with its entrypoint replaced by slime's train_async.py."""
+    r = copy.deepcopy(seed)
+    assert SEED_ENTRY in r["run"]
+    r["run"] = r["run"].replace(SEED_ENTRY, "python3 train_async.py \\\n")
+    return r
+
+
+def _errors(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.severity == "error"]
+
+
+def _warnings(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.severity == "warning"]
+
+
+# ------------------------------------------------------------------ fixtures / files
+
+def test_reference_recipe_is_the_seed():
+    assert REFERENCE.read_bytes() == SEED.read_bytes()
+
+
+def test_schema_is_valid_draft_2020_12():
+    schema = load_schema()
+    assert schema["$schema"].endswith("2020-12/schema")
+    Draft202012Validator.check_schema(schema)
+
+
+# ------------------------------------------------------------------ schema
+
+def test_seed_validates(seed):
+    assert isinstance(seed["result"]["measured"], dt.date)  # YAML reads it as a date
+    assert schema_errors(seed) == []
+
+
+def test_wrong_enum_names_path(seed):
+    seed["layout"]["recompute"]["granularity"] = "fulll"
+    errs = schema_errors(seed)
+    assert len(errs) == 1
+    assert errs[0].startswith("layout.recompute.granularity: 'fulll' is not one of")
+    assert "'selective'" in errs[0]
+
+
+def test_wrong_status_enum(seed):
+    seed["status"] = "tested"
+    assert any(e.startswith("status: 'tested' is not one of") for e in schema_errors(seed))
+
+
+def test_wrong_type_names_path(seed):
+    seed["layout"]["tp"] = "4"
+    seed["layout"]["sequence_parallel"] = "no"
+    errs = schema_errors(seed)
+    assert any(e.startswith("layout.tp: '4' is not of type integer") for e in errs), errs
+    assert any(e.startswith("layout.sequence_parallel:") and "boolean" in e for e in errs), errs
+
+
+def test_bool_is_not_an_integer(seed):
+    seed["gpu"]["count"] = True
+    assert any(e.startswith("gpu.count:") for e in schema_errors(seed))
+
+
+def test_missing_required_key_names_path(seed):
+    del seed["layout"]["tp"]
+    del seed["model"]
+    errs = schema_errors(seed)
+    assert "layout.tp: required key is missing" in errs
+    assert "model: required key is missing" in errs
+
+
+def test_list_index_in_path(seed):
+    seed["correctness"]["component_tests"][0]["result"] = "ok"
+    errs = schema_errors(seed)
+    assert any(e.startswith("correctness.component_tests[0].result: 'ok' is not one of") for e in errs), errs
+
+
+def test_unexpected_key_strict_blocks(seed):
+    seed["layout"]["recompute"]["num_layer"] = 3
+    seed["bogus"] = 1
+    errs = schema_errors(seed)
+    assert "layout.recompute.num_layer: unexpected key" in errs
+    assert "bogus: unexpected key" in errs
+
+
+def test_free_text_blocks_accept_extra_keys(seed):
+    seed["stack"]["flash_attn"] = "2.8.3"
+    seed["layout"]["distributed_optimizer"] = True
+    seed["layout"]["precision_aware_optimizer"] = True
+    seed["x-attune"] = {"study": "abc"}
+    assert schema_errors(seed) == []
+
+
+def test_offload_object_and_null(seed):
+    seed["layout"]["offload"] = {"fraction": 1.0, "overlap": True}
+    assert schema_errors(seed) == []
+    seed["layout"]["offload"] = {"fraction": 1.5, "overlap": True}
+    assert any(e.startswith("layout.offload.fraction:") for e in schema_errors(seed))
+    seed["layout"]["offload"] = "cpu"
+    assert any(e.startswith("layout.offload:") for e in schema_errors(seed))
+
+
+def test_env_values_are_strings(seed):
+    seed["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] = 1
+    assert any(e.startswith("env.CUDA_DEVICE_MAX_CONNECTIONS:") for e in schema_errors(seed))
+
+
+def test_window_needs_two_items(seed):
+    seed["result"]["window"] = [5]
+    assert any(e.startswith("result.window:") for e in schema_errors(seed))
+
+
+# ------------------------------------------------------------------ io
+
+def test_round_trip_equal(seed):
+    text = dump_recipe(seed)
+    assert parse_recipe(text) == seed
+
+
+def test_dump_style_matches_seed(seed):
+    text = dump_recipe(seed)
+    # identical to the seed file after its three header comment lines
+    seed_body = "".join(SEED.read_text(encoding="utf-8").splitlines(keepends=True)[3:])
+    assert text == seed_body
+    assert "run: |\n  export CUDA_DEVICE_MAX_CONNECTIONS=1\n" in text
+    assert "notes: |\n" in text
+    assert "&id" not in text and "*id" not in text
+
+
+def test_dump_orders_keys_and_keeps_unicode(seed):
+    shuffled = dict(reversed(list(seed.items())))
+    shuffled["layout"] = dict(reversed(list(seed["layout"].items())))
+    shuffled["layout"]["summary"] = "TP 1 → PP 4 — 16/17/17/14"
+    shared = [1, 2]
+    shuffled["result"]["window"] = shared
+    shuffled["x-extra"] = shared  # same object twice: no anchors/aliases
+    text = dump_recipe(shuffled)
+    keys = [line.split(":")[0] for line in text.splitlines() if line and not line[0].isspace() and line[0] != "-"]
+    assert keys[:5] == ["schema_version", "model", "gpu", "author", "status"]
+    assert keys[-1] == "x-extra"  # unknown keys go last
+    assert "TP 1 → PP 4 — 16/17/17/14" in text
+    assert "&" not in text.split("x-extra")[1] and "*id" not in text
+    layout_block = text.split("\nlayout:\n")[1]
+    assert layout_block.index("  label:") < layout_block.index("  tp:") < layout_block.index("  recompute:")
+
+
+def test_write_recipe_with_header(tmp_path, seed):
+    out = write_recipe(seed, tmp_path / "sub" / "r.yaml", header="a recipe\nsecond line")
+    text = out.read_text(encoding="utf-8")
+    assert text.startswith("# a recipe\n# second line\nschema_version: 1\n")
+    assert load_recipe(out) == seed
+
+
+def test_dump_tuple_and_numpy(seed):
+    np = pytest.importorskip("numpy")
+    seed["result"]["window"] = (5, 19)
+    seed["result"]["mfu"] = np.float64(0.3886)
+    back = parse_recipe(dump_recipe(seed))
+    assert back["result"]["window"] == [5, 19]
+    assert back["result"]["mfu"] == 0.3886
+
+
+def test_missing_file_raises_one_line(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(RecipeError) as exc:
+        load_recipe(missing)
+    msg = str(exc.value)
+    assert "\n" not in msg and str(missing) in msg and "no such" in msg
+
+
+def test_malformed_yaml_raises_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: x\nlayout:\n  tp: [1, 2\n  pp: 4\n", encoding="utf-8")
+    with pytest.raises(RecipeError) as exc:
+        load_recipe(bad)
+    msg = str(exc.value)
+    assert "\n" not in msg and str(bad) in msg and "malformed YAML" in msg and "line " in msg
+
+
+def test_not_a_mapping_raises(tmp_path):
+    p = tmp_path / "list.yaml"
+    p.write_text("- a\n- b\n", encoding="utf-8")
+    with pytest.raises(RecipeError, match=r"list\.yaml: top level is a list"):
+        load_recipe(p)
+    e = tmp_path / "empty.yaml"
+    e.write_text("# nothing\n", encoding="utf-8")
+    with pytest.raises(RecipeError, match="empty"):
+        load_recipe(e)
+
+
+def test_duplicate_key_raises(tmp_path):
+    p = tmp_path / "dup.yaml"
+    p.write_text("model: a\nlayout:\n  tp: 1\n  tp: 2\n", encoding="utf-8")
+    with pytest.raises(RecipeError, match="duplicate key 'tp'"):
+        load_recipe(p)
+
+
+# ------------------------------------------------------------------ run block parser
+
+def test_parse_seed_run(seed):
+    rb = parse_run(seed["run"])
+    assert rb.env == seed["env"]  # the $(...) with nested quotes survives verbatim
+    assert rb.entrypoint == ["python3", "-m", "--async"]
+    assert rb.flags[0] == ("--actor-num-nodes", "1")
+    assert ("${MODEL_ARGS[@]}", None) in rb.flags
+    d = rb.flag_dict()
+    assert d["--hf-checkpoint"] == "$HF_CKPT"  # quotes removed
+    assert d["--recompute-num-layers"] == "12"
+    assert d["--debug-train-only"] is None
+    # several flags on one line
+    assert d["--lr"] == "1e-5" and d["--lr-decay-style"] == "cosine" and d["--min-lr"] == "1e-6"
+    assert "${MODEL_ARGS[@]}" not in d
+    assert len(rb.flags) == 46
+
+
+def test_parse_ray_job_submit_and_quoting():
+    text = (
+        'export A="x y" B=\'z\'\n'
+        "export NCCL_X=$(python3 -c \"import sys; print('a b')\")  # comment\n"
+        "ray job submit --address=\"http://127.0.0.1:8265\" \\\n"
+        "   --runtime-env-json='{\"env_vars\": {\"K\": \"v w\"}}' \\\n"
+        "   -- python3 /root/slime/train.py \\\n"
+        '   --spec slime_plugins.models.qwen3_5 get_qwen3_5_spec "${MODEL_ARGS[@]}" \\\n'
+        "   --lr=1e-6 --eval-prompt-data aime '/data/aime 2024.jsonl' --clip-grad -1.0 $PERF_ARGS \\\n"
+        "   --colocate 2>&1 | tee log.txt\n"
+    )
+    rb = parse_run(text)
+    assert rb.env == {"A": "x y", "B": "z", "NCCL_X": "$(python3 -c \"import sys; print('a b')\")"}
+    assert rb.launcher[:3] == ["ray", "job", "submit"] and rb.launcher[-1] == "--"
+    assert '--runtime-env-json={"env_vars": {"K": "v w"}}' in rb.launcher
+    assert rb.entrypoint == ["python3", "/root/slime/train.py"]
+    assert rb.flags == [
+        ("--spec", "slime_plugins.models.qwen3_5 get_qwen3_5_spec"),
+        ("${MODEL_ARGS[@]}", None),
+        ("--lr", "1e-6"),
+        ("--eval-prompt-data", "aime /data/aime 2024.jsonl"),
+        ("--clip-grad", "-1.0"),
+        ("$PERF_ARGS", None),
+        ("--colocate", None),
+    ]
+    assert dict(rb.flag_args)["--eval-prompt-data"] == ("aime", "/data/aime 2024.jsonl")
+    assert rb.other_commands == ["tee log.txt"]
+
+
+def test_parse_assignments_and_prefix_env():
+    rb = parse_run(
+        "MODEL_ARGS=(\n  --num-layers 64\n  --swiglu\n)\nHF=/m\n"
+        "PYTHONUNBUFFERED=1 python3 -u train.py --hf-checkpoint $HF\n"
+    )
+    assert rb.assignments["HF"] == "/m"
+    assert rb.assignments["MODEL_ARGS"].startswith("(") and "--swiglu" in rb.assignments["MODEL_ARGS"]
+    assert rb.env == {"PYTHONUNBUFFERED": "1"}
+    assert rb.entrypoint == ["python3", "-u", "train.py"]
+    assert rb.flags == [("--hf-checkpoint", "$HF")]
+
+
+def test_parse_non_python_command():
+    rb = parse_run("torchrun --nproc-per-node 8 pretrain_gpt.py --tp 2\n")
+    assert rb.entrypoint == ["torchrun"]
+    assert rb.flags[0] == ("--nproc-per-node", "8 pretrain_gpt.py")
+
+
+# ------------------------------------------------------------------ lint
+
+def test_lint_seed_flags_module_entrypoint(seed):
+    errs = _errors(lint(seed))
+    assert len(errs) == 1, errs
+    assert errs[0].path == "run"
+    assert "python3 -m --async" in errs[0].message and "not a runnable" in errs[0].message
+
+
+def test_lint_fixed_seed_has_no_errors(fixed):
+    findings = lint(fixed)
+    assert not has_errors(findings), findings
+    assert _warnings(findings) == []  # every seed flag is in known_flags.yaml
+
+
+@pytest.mark.parametrize("entry", [
+    "python3 train.py", "python train_async.py", "/usr/bin/python3.12 /root/slime/train.py",
+    "python3 -u train.py",
+])
+def test_lint_accepts_slime_entrypoints(fixed, entry):
+    fixed["run"] = fixed["run"].replace("python3 train_async.py", entry)
+    assert not has_errors(lint(fixed))
+
+
+def test_lint_accepts_ray_job_submit(fixed):
+    fixed["run"] = fixed["run"].replace(
+        "python3 train_async.py", 'ray job submit --address="http://127.0.0.1:8265" -- python3 train_async.py')
+    assert not has_errors(lint(fixed))
+
+
+@pytest.mark.parametrize("entry", ["python3 pretrain_gpt.py", "torchrun train.py", "python3 -m slime.train"])
+def test_lint_rejects_other_entrypoints(fixed, entry):
+    fixed["run"] = fixed["run"].replace("python3 train_async.py", entry)
+    errs = _errors(lint(fixed))
+    assert any(f.path == "run" and "entrypoint" in f.message for f in errs), errs
+
+
+def test_lint_train_async_with_colocate(fixed):
+    fixed["run"] = fixed["run"].replace("--debug-train-only \\\n", "--debug-train-only --colocate \\\n")
+    errs = _errors(lint(fixed))
+    assert any("colocate" in f.message and "train_async" in f.message for f in errs), errs
+    fixed["run"] = fixed["run"].replace("train_async.py", "train.py")
+    assert not has_errors(lint(fixed))
+
+
+def test_lint_recompute_num_layers_disagreement(fixed):
+    fixed["run"] = fixed["run"].replace("--recompute-num-layers 12", "--recompute-num-layers 10")
+    errs = _errors(lint(fixed))
+    assert [f.path for f in errs] == ["layout.recompute.num_layers"]
+    assert "10" in errs[0].message and "12" in errs[0].message
+
+
+@pytest.mark.parametrize("old,new,path", [
+    ("--tensor-model-parallel-size 1", "--tensor-model-parallel-size 2", "layout.tp"),
+    ("--pipeline-model-parallel-size 4", "--pipeline-model-parallel-size 2", "layout.pp"),
+    ("--decoder-first-pipeline-num-layers 16", "--decoder-first-pipeline-num-layers 18", "layout.layer_split.first"),
+    ("--decoder-last-pipeline-num-layers 14", "--decoder-last-pipeline-num-layers 12", "layout.layer_split.last"),
+    ("--context-parallel-size 1", "--context-parallel-size 2", "layout.cp"),
+    ("--expert-model-parallel-size 1", "--expert-model-parallel-size 8", "layout.ep"),
+    ("--recompute-method block", "--recompute-method uniform", "layout.recompute.method"),
+    ("--recompute-granularity full", "--recompute-granularity selective", "layout.recompute.granularity"),
+    ("--max-tokens-per-gpu 8192", "--max-tokens-per-gpu 16384", "layout.max_tokens_per_gpu"),
+    ("--context-parallel-size 1", "--context-parallel-size 1 --sequence-parallel", "layout.sequence_parallel"),
+    ("--context-parallel-size 1", "--context-parallel-size 1 --num-virtual-stages-per-pipeline-rank 2", "layout.vpp"),
+    ("--use-distributed-optimizer", "--use-distributed-optimizer --optimizer-cpu-offload", "layout.offload"),
+])
+def test_lint_layout_disagreements(fixed, old, new, path):
+    assert old in fixed["run"]
+    fixed["run"] = fixed["run"].replace(old, new)
+    errs = _errors(lint(fixed))
+    assert path in [f.path for f in errs], errs
+
+
+def test_lint_missing_layout_flag(fixed):
+    assert "  --decoder-last-pipeline-num-layers 14 \\\n" in fixed["run"]
+    fixed["run"] = fixed["run"].replace("  --decoder-last-pipeline-num-layers 14 \\\n", "")
+    findings = lint(fixed)
+    hit = [f for f in findings if f.path == "layout.layer_split.last"]
+    # the run has an opaque ${MODEL_ARGS[@]}, so an absent flag is only a warning
+    assert hit and hit[0].severity == "warning"
+    assert "  ${MODEL_ARGS[@]} \\\n" in fixed["run"]
+    fixed["run"] = fixed["run"].replace("  ${MODEL_ARGS[@]} \\\n", "")
+    hit = [f for f in lint(fixed) if f.path == "layout.layer_split.last"]
+    assert hit and hit[0].severity == "error"
+
+
+def test_lint_layout_in_agreement_when_offloaded(fixed):
+    fixed["layout"]["offload"] = {"fraction": 0.5, "overlap": True}
+    fixed["run"] = fixed["run"].replace(
+        "--use-distributed-optimizer", "--use-distributed-optimizer --optimizer-cpu-offload "
+        "--optimizer-offload-fraction 0.5 --overlap-cpu-optimizer-d2h-h2d")
+    assert not has_errors(lint(fixed))
+    fixed["layout"]["offload"]["fraction"] = 1.0
+    assert [f.path for f in _errors(lint(fixed))] == ["layout.offload.fraction"]
+
+
+def test_lint_unknown_flag_warns(fixed):
+    fixed["run"] = fixed["run"].replace("--debug-train-only", "--debug-train-only --frobnicate-gpus 3")
+    findings = lint(fixed)
+    assert not has_errors(findings)
+    warns = _warnings(findings)
+    assert len(warns) == 1 and "--frobnicate-gpus" in warns[0].message and warns[0].path == "run"
+
+
+def test_lint_flag_value_shapes(fixed):
+    fixed["run"] = fixed["run"].replace("--debug-train-only", "--debug-train-only yes")
+    fixed["run"] = fixed["run"].replace("--lr 1e-5", "--lr")
+    msgs = [f.message for f in _errors(lint(fixed))]
+    assert any("--debug-train-only takes no value" in m for m in msgs), msgs
+    assert any("--lr takes one value, got no value" in m for m in msgs), msgs
+
+
+def test_lint_bad_choice(fixed):
+    fixed["run"] = fixed["run"].replace("--attention-backend flash", "--attention-backend flashy")
+    assert any("--attention-backend 'flashy'" in f.message for f in _errors(lint(fixed)))
+
+
+def test_lint_known_flags_file():
+    known = load_known_flags()
+    assert known["flags"]["--colocate"] == "switch"
+    assert known["flags"]["--tensor-model-parallel-size"] == "value"
+    assert set(known["flags"].values()) <= {"switch", "value", "values"}
+
+
+def test_lint_dynamic_batch_needs_max_tokens(fixed):
+    fixed["run"] = fixed["run"].replace("--max-tokens-per-gpu 8192", "")
+    fixed["layout"]["max_tokens_per_gpu"] = None
+    fixed["layout"]["rows_per_microbatch"] = None
+    errs = _errors(lint(fixed))
+    assert any("--use-dynamic-batch-size needs --max-tokens-per-gpu" in f.message for f in errs), errs
+
+
+def test_lint_layout_self_consistency(fixed):
+    fixed["layout"]["dp"] = 4
+    errs = _errors(lint(fixed))
+    assert [f.path for f in errs] == ["layout.dp"]
+
+
+def test_lint_run_vs_workload_and_gpus(fixed):
+    fixed["run"] = fixed["run"].replace("--global-batch-size 128", "--global-batch-size 64")
+    fixed["run"] = fixed["run"].replace("--actor-num-nodes 1", "--actor-num-nodes 2")
+    paths = [f.path for f in lint(fixed)]
+    assert "workload.global_batch" in paths and "gpu.count" in paths
+
+
+def test_lint_env_drift(fixed):
+    fixed["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] = "8"
+    warns = _warnings(lint(fixed))
+    assert [f.path for f in warns] == ["env.CUDA_DEVICE_MAX_CONNECTIONS"]
+
+
+def test_lint_status_and_result_consistency(fixed):
+    fixed["correctness"]["result"] = "fail"
+    fixed["result"]["window"] = [5, 20]
+    errs = _errors(lint(fixed))
+    paths = [f.path for f in errs]
+    assert "correctness.result" in paths  # verified needs pass
+    assert "result.window" in paths  # window past the 20 steps
+    assert "result.window_tokens" in [f.path for f in lint(fixed)]
+
+
+def test_lint_includes_schema_errors(fixed):
+    fixed["layout"]["recompute"]["granularity"] = "fulll"
+    errs = _errors(lint(fixed))
+    assert any(f.path == "layout.recompute.granularity" and "not one of" in f.message for f in errs)
+
+
+def test_lint_tolerates_garbage():
+    findings = lint({"run": 3, "layout": "x"})
+    assert has_errors(findings)
+    assert all(isinstance(f, Finding) for f in findings)
+
+
+# ------------------------------------------------------------------ show
+
+def test_summarize(seed):
+    text = summarize(seed)
+    assert "Qwen3.6-27B" in text
+    assert "8 x H200" in text
+    assert "verified" in text
+    assert "TP1 PP4 DP2" in text
+    assert "2,499.52 tokens/s/GPU" in text
+    assert "38.9%" in text
+    assert "$0.88 per million tokens" in text
+    assert "correctness   pass" in text or "pass (" in text
+    assert "+163%" in text
+
+
+def test_summarize_partial_recipe():
+    text = summarize({"model": "m", "status": "predicted", "result": {"tokens_per_s_per_gpu": 1000}})
+    assert "1,000.00 tokens/s/GPU" in text and "MFU" not in text and "cost" not in text

@@ -1,0 +1,1 @@
+"""attune datasets: build fixed-length pretokenized SFT rows for slime trials (see attune.datasets.build)."""

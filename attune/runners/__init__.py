@@ -1,0 +1,1 @@
+"""attune runners: how trials are launched and how their logs are read."""

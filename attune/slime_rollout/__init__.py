@@ -1,0 +1,1 @@
+"""Rollout functions that slime imports by path (--rollout-function-path); importable without slime installed."""

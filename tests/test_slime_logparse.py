@@ -1,0 +1,287 @@
+"""attune.runners.slime.logparse against slime log fixtures (tests/fixtures/slime_logs/)."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+from attune.runners.slime.logparse import format_summary, parse_dict_literal, parse_slime_log
+
+FIX = Path(__file__).parent / "fixtures" / "slime_logs"
+# The values written into success_20steps.log by make_fixtures.py (perf/actor_train_time per rollout, s).
+TIMES = [71.83, 53.91, 52.61, 52.38, 52.47, 52.42, 52.55, 52.31, 52.44, 52.39,
+         52.60, 52.28, 52.50, 52.45, 52.36, 52.52, 52.41, 52.33, 52.48, 52.40]
+TOKENS_PER_STEP = 128 * 8192  # rows x row tokens per rollout in the fixture
+
+
+def _read(name: str) -> str:
+    return (FIX / name).read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def ok():
+    return parse_slime_log(_read("success_20steps.log"), gpus=8)
+
+
+def test_window_throughput_by_hand(ok):
+    window_time = sum(TIMES[5:20])  # steps 5..19 inclusive
+    expected = 15 * TOKENS_PER_STEP / window_time / 8
+    assert ok.window_tokens == 15 * TOKENS_PER_STEP == 15_728_640
+    assert ok.window_time_s == pytest.approx(window_time)
+    assert ok.tokens_per_s_per_gpu == pytest.approx(expected, rel=1e-12)
+    # tok_per_s is job-wide: per-GPU throughput is 1/8 of it, never the raw value.
+    assert ok.tokens_per_s_per_gpu < ok.train_perf[5]["perf/actor_train_tok_per_s"] / 7
+
+
+def test_other_window(ok):
+    run = parse_slime_log(_read("success_20steps.log"), gpus=8, window=(2, 4))
+    assert run.tokens_per_s_per_gpu == pytest.approx(3 * TOKENS_PER_STEP / sum(TIMES[2:5]) / 8)
+
+
+def test_cv(ok):
+    w = TIMES[5:20]
+    assert ok.step_time_cv_percent == pytest.approx(statistics.stdev(w) / statistics.fmean(w) * 100)
+    assert 0.1 < ok.step_time_cv_percent < 0.3
+
+
+def test_per_step_times_and_tokens(ok):
+    assert ok.train_time_s == {i: t for i, t in enumerate(TIMES)}
+    assert set(ok.time_source.values()) == {"perf"}
+    assert ok.tokens == {i: TOKENS_PER_STEP for i in range(20)}
+    assert ok.complete and ok.window_missing == ()
+
+
+def test_loss_curve(ok):
+    assert len(ok.loss) == 20
+    assert ok.loss[0] == 1.0213 and ok.loss[19] == 0.8837
+    assert all(ok.loss[i + 1] < ok.loss[i] for i in range(19))
+
+
+def test_rollout_perf_lines_ignored(ok):
+    # The RolloutManager's perf lines carry perf/rollout_time and perf/tokens_per_gpu_per_sec; none may leak in.
+    for metrics in ok.train_perf.values():
+        assert "perf/actor_train_time" in metrics
+        assert "perf/rollout_time" not in metrics and "perf/tokens_per_gpu_per_sec" not in metrics
+
+
+def test_rollout_line_alone_is_not_a_train_step():
+    text = ("(RolloutManager pid=99) [2026-10-18 12:00:01] rollout_metrics.py:268 - perf 3: "
+            "{'perf/rollout_time': 3.1, 'perf/tokens_per_gpu_per_sec': 41000.0}\n")
+    run = parse_slime_log(text, gpus=8, window=(3, 3))
+    assert run.train_time_s == {} and not run.complete and run.tokens_per_s_per_gpu is None
+
+
+def test_nan_grad_norm(ok):
+    assert ok.grad_norm_nan_count == 1
+    assert math.isnan(ok.grad_norm[7])
+    assert ok.grad_norm[6] == pytest.approx(1.5)
+    d = ok.to_dict()
+    assert d["grad_norm"]["7"] is None
+    json.dumps(d, allow_nan=False)  # strict JSON
+
+
+def test_parse_dict_literal_nonfinite():
+    d = parse_dict_literal("{'a': nan, 'b': inf, 'c': -inf, 'd': 1e-05, 'name': 'nan_guard', 'n': 3}")
+    assert math.isnan(d["a"]) and d["b"] == math.inf and d["c"] == -math.inf
+    assert d["d"] == 1e-05 and d["name"] == "nan_guard" and d["n"] == 3
+    with pytest.raises(ValueError, match="unparseable"):
+        parse_dict_literal("{'a': __import__('os')}")
+
+
+def test_missing_steps_make_incomplete():
+    text = "\n".join(ln for ln in _read("success_20steps.log").splitlines()
+                     if "perf 12: {'perf/train_wait" not in ln)
+    run = parse_slime_log(text, gpus=8)
+    # The Timer line of rollout 12 is still there, so the time is recovered but tokens are not.
+    assert not run.complete and run.window_missing == (12,)
+    assert run.time_source[12] == "timer" and run.train_time_s[12] == pytest.approx(52.5)
+    assert run.window_tokens == 14 * TOKENS_PER_STEP
+
+
+def test_timer_fallback_only():
+    lines = [f"(MegatronTrainRayActor pid=1) [2026-10-18 12:00:0{i}] timer.py:32 - Timer actor_train end "
+             f"(elapsed: {50 + i}.5s)" for i in range(3)]
+    run = parse_slime_log("\n".join(lines), gpus=8, window=(0, 2))
+    assert run.train_time_s == {0: 50.5, 1: 51.5, 2: 52.5}
+    assert run.time_source == {0: "timer", 1: "timer", 2: "timer"}
+    assert not run.complete  # no token counts without a perf line
+    assert run.tokens_per_s_per_gpu is None
+
+
+def test_success_has_no_crash(ok):
+    assert ok.oom is None and ok.crash is None
+    assert ok.nccl_version == "2.28.9"
+
+
+def test_oom_detected():
+    run = parse_slime_log(_read("oom_step2_last_stage.log"), gpus=8)
+    assert run.oom is not None
+    assert run.oom.requested_gib == pytest.approx(7.58)
+    assert run.oom.total_capacity_gib == pytest.approx(139.81)
+    assert run.oom.gpu_index == 0
+    assert run.oom.actor == "MegatronTrainRayActor" and run.oom.pid == 48217
+    assert run.oom.rank == 6  # last pipeline stage of PP 4 x DP 2, tied to the pid by the [rank6] marker
+    assert run.oom.rollout_id == 2
+    assert run.crash is not None and run.crash.kind == "oom"
+    assert sorted(run.train_time_s) == [0, 1] and not run.complete
+    assert "Job 'raysubmit_tX3mQ9a1bR2cD4eF' failed" in run.crash.tail
+    s = format_summary(run)
+    assert "7.58 GiB" in s and "rank 6" in s
+
+
+def test_old_style_oom_in_mib():
+    text = ("(MegatronTrainRayActor pid=7) [rank3]: RuntimeError: CUDA out of memory. Tried to allocate 512.00 MiB "
+            "(GPU 0; 79.35 GiB total capacity; 77.10 GiB already allocated)\n")
+    run = parse_slime_log(text, gpus=8, window=(0, 0))
+    assert run.oom.requested_gib == pytest.approx(0.5)
+    assert run.oom.total_capacity_gib == pytest.approx(79.35)
+    assert run.oom.rank == 3 and run.oom.pid == 7
+
+
+def test_crash_detected():
+    run = parse_slime_log(_read("crash_rollout_valueerror.log"), gpus=8)
+    assert run.oom is None
+    assert run.crash is not None and run.crash.kind == "exception"
+    assert run.crash.error == "ValueError: row 517 has 8191 tokens, expected 8192"
+    assert run.crash.actor == "RolloutManager" and run.crash.pid == 47990
+    assert sorted(run.train_time_s) == [0, 1, 2, 3] and not run.complete
+    assert "ray.exceptions.RayTaskError(ValueError)" in run.crash.tail
+
+
+def test_job_failed_without_traceback():
+    run = parse_slime_log("Job 'raysubmit_x' failed\n", gpus=8, window=(0, 0))
+    assert run.crash is not None and run.crash.kind == "job_failed"
+
+
+def test_format_summary_units(ok):
+    s = format_summary(ok)
+    assert "tokens/s/GPU" in s and " s," in s and " %" in s
+    assert "2,499.97 tokens/s/GPU" in s
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="gpus"):
+        parse_slime_log("", gpus=0)
+    with pytest.raises(ValueError, match="window"):
+        parse_slime_log("", gpus=8, window=(5, 4))
+
+
+def test_fixtures_up_to_date(tmp_path, monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_fixtures", FIX / "make_fixtures.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.success_log() == _read("success_20steps.log")
+    assert mod.oom_log() == _read("oom_step2_last_stage.log")
+    assert mod.crash_log() == _read("crash_rollout_valueerror.log")
+    assert mod.TRAIN_TIMES == TIMES
+
+
+# ---- attune.runners.slime.stack_probe (kept here: the stack probe belongs to the slime runner) ----
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import types  # noqa: E402
+
+from attune.runners.slime import stack_probe  # noqa: E402
+
+PROBE_KEYS = {"python", "pytorch", "pytorch_cuda", "cuda", "cuda_driver", "nccl", "transformer_engine",
+              "megatron_core", "megatron_lm_commit", "slime_commit", "deepep", "flash_linear_attention", "ray",
+              "gpus", "nvidia_driver", "probed_at"}
+
+
+def test_probe_on_cpu_machine(monkeypatch):
+    import platform
+
+    monkeypatch.delenv("MEGATRON_DIR", raising=False)
+    monkeypatch.delenv("SLIME_DIR", raising=False)
+    p = stack_probe.probe()
+    assert set(p) == PROBE_KEYS
+    assert p["python"] == platform.python_version()
+    torch = pytest.importorskip("torch")
+    assert p["pytorch"] == torch.__version__
+    if torch.version.cuda is None:  # CPU build: no CUDA build, no NCCL
+        assert p["pytorch_cuda"] is None and p["nccl"] is None
+    for absent in ("transformer_engine", "megatron_core", "megatron_lm_commit", "slime_commit", "deepep"):
+        assert p[absent] is None, absent
+    json.dumps(p, allow_nan=False)
+
+
+def test_probe_git_commit_from_env(tmp_path, monkeypatch):
+    repo = tmp_path / "Megatron-LM"
+    repo.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(git + ["init", "-q"], cwd=repo, check=True)
+    (repo / "f").write_text("x")
+    subprocess.run(git + ["add", "f"], cwd=repo, check=True)
+    subprocess.run(git + ["commit", "-q", "-m", "m"], cwd=repo, check=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    monkeypatch.setenv("MEGATRON_DIR", str(repo))
+    monkeypatch.setenv("SLIME_DIR", str(tmp_path / "does-not-exist"))
+    p = stack_probe.probe()
+    assert p["megatron_lm_commit"] == head and p["slime_commit"] is None
+
+
+def test_probe_never_raises(monkeypatch):
+    broken = types.ModuleType("pynvml")
+
+    def boom(*a, **k):
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    broken.nvmlInit = boom
+    monkeypatch.setitem(sys.modules, "pynvml", broken)
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch -> ImportError
+    monkeypatch.setattr(stack_probe.subprocess, "run", boom)
+    monkeypatch.setenv("MEGATRON_DIR", "/nonexistent")
+    p = stack_probe.probe()
+    assert set(p) == PROBE_KEYS
+    assert p["gpus"] is None and p["nccl"] is None and p["megatron_lm_commit"] is None
+
+
+def test_probe_gpu_names_with_fake_nvml(monkeypatch):
+    fake = types.ModuleType("pynvml")
+    fake.nvmlInit = lambda: None
+    fake.nvmlShutdown = lambda: None
+    fake.nvmlDeviceGetCount = lambda: 2
+    fake.nvmlDeviceGetHandleByIndex = lambda i: i
+    fake.nvmlDeviceGetName = lambda h: b"NVIDIA H200" if h == 0 else "NVIDIA H200"
+    fake.nvmlSystemGetDriverVersion = lambda: "570.172.08"
+    fake.nvmlSystemGetCudaDriverVersion = lambda: 12090
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    p = stack_probe.probe()
+    assert p["gpus"] == ["NVIDIA H200", "NVIDIA H200"]
+    assert p["nvidia_driver"] == "570.172.08" and p["cuda_driver"] == "12.9"
+
+
+def test_stack_block_seed_shape():
+    p = {"python": "3.12.3", "pytorch": "2.11.0", "pytorch_cuda": "12.9", "cuda": "12.9", "nccl": "2.28.9",
+         "transformer_engine": "2.10.0", "megatron_core": "0.16.0rc0",
+         "megatron_lm_commit": "1dcf0dafa884ad52ffb243625717a3471643e087",
+         "slime_commit": "a897e1f0000000000000000000000000000000000"[:40], "deepep": "1.2.1",
+         "probed_at": "2026-10-18"}
+    s = stack_probe.stack_block(p)
+    assert set(s) == {"framework", "megatron_lm", "transformer_engine", "pytorch", "cuda", "nccl", "deepep",
+                      "python", "source"}
+    assert s["megatron_lm"] == "commit 1dcf0daf (megatron-core 0.16.0rc0)"
+    assert s["pytorch"] == "2.11.0 (CUDA 12.9 build)"
+    assert s["nccl"].startswith("2.28.9 (") and "CUDA 12.9 build" in s["nccl"]
+    assert s["framework"] == "slime: THUDM/slime a897e1f"
+    assert s["cuda"] == "12.9" and s["transformer_engine"] == "2.10.0" and s["python"] == "3.12.3"
+    assert "2026-10-18" in s["source"]
+    empty = stack_probe.stack_block({})
+    assert empty["framework"] is None and empty["pytorch"] is None and empty["megatron_lm"] is None
+
+
+def test_stack_probe_cli():
+    out = subprocess.run([sys.executable, "-m", "attune.runners.slime.stack_probe"], capture_output=True,
+                         text=True, timeout=120, check=True)
+    data = json.loads(out.stdout)
+    assert set(data) == PROBE_KEYS and data["python"]
+    out = subprocess.run([sys.executable, "-m", "attune.runners.slime.stack_probe", "--stack"],
+                         capture_output=True, text=True, timeout=120, check=True)
+    assert "source" in json.loads(out.stdout)

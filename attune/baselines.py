@@ -1,0 +1,76 @@
+"""The baseline layout of a model (data in baselines.yaml), adapted to a cluster."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from importlib import resources
+
+import yaml
+
+from .engines import Engine
+from .hardware import Cluster
+from .layout import Layout, LayoutError, Workload, check, from_flags
+from .models import ModelSpec
+
+
+def load_baselines() -> dict:
+    return yaml.safe_load(resources.files("attune").joinpath("baselines.yaml").read_text())
+
+
+def baseline_entry(model_name: str) -> dict:
+    table = load_baselines()
+    by_lower = {k.lower(): k for k in table}
+    return table[by_lower.get(model_name.lower(), "default")]
+
+
+def baseline_layout(model: ModelSpec, cluster: Cluster, workload: Workload, engine: Engine,
+                    max_tp: int | None = None, max_cp: int | None = None) -> tuple[Layout, str]:
+    """The model's baseline layout adapted to the cluster, and a note saying what was adapted.
+
+    Adaptation, in order, until the layout is valid: CP down to 1 (the seed ran slime's CP 4 as CP 1 on one
+    node), then TP halved, then PP halved. Rows per microbatch never exceed one row when the baseline asks for
+    more tokens per GPU than a row holds.
+    """
+    entry = baseline_entry(model.name)
+    flags = entry["flags"]
+    world = cluster.world_size
+    # read the flags without deriving DP (the script's cluster may be larger than this one)
+    parsed = from_flags(flags, model, world_size=_mp(flags, model), base=workload)
+    lay = parsed.layout
+    notes = [f"baseline from {entry['source']}"]
+    if lay.max_tokens_per_gpu and lay.max_tokens_per_gpu > workload.seq_length * lay.cp:
+        lay = replace(lay, max_tokens_per_gpu=workload.seq_length * lay.cp)
+    if max_tp is not None and lay.tp > max_tp:
+        notes.append(f"TP {lay.tp} -> {max_tp} (runner limit)")
+        lay = replace(lay, tp=max_tp, sp=lay.sp and max_tp > 1)
+    if max_cp is not None and lay.cp > max_cp:
+        notes.append(f"CP {lay.cp} -> {max_cp} (runner limit)")
+        lay = replace(lay, cp=max_cp)
+    for _ in range(12):
+        mp = lay.tp * lay.pp * lay.cp
+        if world % mp == 0:
+            cand = replace(lay, dp=world // mp)
+            if not check(cand, model, world, workload, engine):
+                return cand, "; ".join(notes)
+        if lay.cp > 1:
+            notes.append(f"CP {lay.cp} -> 1 for {cluster.spec}")
+            lay = replace(lay, cp=1)
+        elif lay.tp > 1:
+            notes.append(f"TP {lay.tp} -> {lay.tp // 2} for {cluster.spec}")
+            lay = replace(lay, tp=lay.tp // 2, sp=lay.sp and lay.tp // 2 > 1)
+        elif lay.pp > 1:
+            notes.append(f"PP {lay.pp} -> {lay.pp // 2} for {cluster.spec}")
+            lay = replace(lay, pp=lay.pp // 2, first=None, last=None)
+        else:
+            break
+    raise LayoutError(f"the baseline layout of {model.name} cannot be adapted to {cluster.spec}: {'; '.join(notes)}")
+
+
+def _mp(flags: str, model: ModelSpec) -> int:
+    """TP x PP x CP of a flag string (the world size at DP 1)."""
+    tokens = flags.split()
+    get = {"--tensor-model-parallel-size": 1, "--pipeline-model-parallel-size": 1, "--context-parallel-size": 1}
+    for i, t in enumerate(tokens):
+        if t in get and i + 1 < len(tokens):
+            get[t] = int(tokens[i + 1])
+    return get["--tensor-model-parallel-size"] * get["--pipeline-model-parallel-size"] * get["--context-parallel-size"]

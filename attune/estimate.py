@@ -1,0 +1,65 @@
+"""One estimate of a layout: memory per stage, the verdict and the predicted speed, as one object."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .calibration import DEFAULT, Coefficients
+from .engines import Engine
+from .hardware import Cluster
+from .layout import Layout, Workload, validate
+from .memory import MemoryEstimate, estimate_memory
+from .models import ModelSpec
+from .performance import PerfEstimate, estimate_performance
+
+
+@dataclass
+class Estimate:
+    model: ModelSpec
+    cluster: Cluster
+    layout: Layout
+    workload: Workload
+    engine: Engine
+    memory: MemoryEstimate
+    perf: PerfEstimate
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.fits
+
+    def to_dict(self) -> dict:
+        m, p = self.memory, self.perf
+        return {
+            "fits": m.fits,
+            "verdict": m.verdict(),
+            "capacity_gib": round(m.capacity_gib, 3),
+            "peak_gib": round(m.peak_gib, 3),
+            "peak_stage": m.peak_stage,
+            "host_optimizer_gib_per_node": round(m.host_needed_gib, 1),
+            "host_capacity_gib_per_node": round(m.host_capacity_gib, 1),
+            "stages": [s.to_dict() for s in m.stages],
+            "step_time_s": round(p.step_time_s, 4),
+            "tokens_per_s_per_gpu": round(p.tokens_per_s_per_gpu, 2),
+            "mfu": round(p.mfu, 4),
+            "usd_per_million_tokens": round(p.usd_per_million_tokens, 4),
+            "performance": p.to_dict(),
+            "layout": {"label": self.layout.label(), **self.layout.to_dict()},
+            "batching": {"rows_per_microbatch": m.batch.rows_per_microbatch,
+                         "tokens_per_gpu_per_microbatch": m.batch.tokens_per_gpu,
+                         "microbatches_per_step": m.batch.microbatches},
+            "workload": {"seq_length": self.workload.seq_length, "global_batch": self.workload.global_batch},
+            "engine": self.engine.name,
+            "gpus": self.cluster.spec,
+            "gpu": {"name": self.cluster.gpu.name, "usd_per_hour": self.cluster.gpu.usd_per_hour},
+            "model": {"name": self.model.name, "active_params": self.model.active_params,
+                      "total_params": self.model.total_params},
+        }
+
+
+def estimate(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workload, engine: Engine,
+             coef: Coefficients = DEFAULT, check_layout: bool = True) -> Estimate:
+    if check_layout:
+        validate(layout, model, cluster.world_size, workload, engine)
+    return Estimate(model, cluster, layout, workload, engine,
+                    estimate_memory(model, cluster, layout, workload, engine, coef),
+                    estimate_performance(model, cluster, layout, workload, engine, coef))

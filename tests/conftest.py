@@ -1,0 +1,47 @@
+import pytest
+
+from attune.engines import get_engine
+from attune.hardware import parse_cluster
+from attune.layout import Layout, Workload
+from attune.models import load_model
+
+SEED = str(__import__("pathlib").Path(__file__).parent / "fixtures" / "seed_recipe.yaml")
+
+
+@pytest.fixture(scope="session")
+def qwen():
+    return load_model("Qwen3.6-27B")
+
+
+@pytest.fixture(scope="session")
+def h200x8():
+    return parse_cluster("8xH200")
+
+
+@pytest.fixture(scope="session")
+def slime():
+    return get_engine("slime")
+
+
+def seed_layouts():
+    """The four layouts the seed recipe reports on (8 x H200, Qwen3.6-27B, 8,192-token rows, batch 128)."""
+    common = dict(max_tokens_per_gpu=8192, precision_aware_optimizer=True)
+    tuned = dict(tp=1, pp=4, dp=2, first=16, last=14, recompute_granularity="full", recompute_method="block", **common)
+    return {
+        "rb12": Layout(recompute_num_layers=12, **tuned),
+        "rb10": Layout(recompute_num_layers=10, **tuned),
+        "tp1pp2": Layout(tp=1, pp=2, dp=4, recompute_granularity="full", recompute_method="uniform",
+                         recompute_num_layers=1, **common),
+        "slime": Layout(tp=4, sp=True, pp=2, dp=1, last=30, recompute_granularity="full", recompute_method="uniform",
+                        recompute_num_layers=1, optimizer_cpu_offload=True, overlap_cpu_optimizer=True, **common),
+    }
+
+
+@pytest.fixture(scope="session")
+def seed_cases():
+    return seed_layouts()
+
+
+@pytest.fixture(scope="session")
+def seed_workload():
+    return Workload(seq_length=8192, global_batch=128)

@@ -1,0 +1,34 @@
+import pytest
+
+from attune.hardware import GPUS, HardwareError, get_gpu, parse_cluster
+
+
+def test_specs():
+    c = parse_cluster("8xH200")
+    assert (c.nodes, c.gpus_per_node, c.world_size) == (1, 8, 8)
+    c = parse_cluster("16xH100")
+    assert (c.nodes, c.gpus_per_node) == (2, 8)
+    c = parse_cluster("2x8xH100")
+    assert (c.nodes, c.gpus_per_node, c.spec) == (2, 8, "2x8xH100")
+    c = parse_cluster("16xH100", gpus_per_node=4)
+    assert c.nodes == 4
+    assert parse_cluster("2xcpu").gpu.is_cpu
+
+
+def test_unknown_and_malformed():
+    with pytest.raises(HardwareError, match="known: H100, H200, A100, B200"):
+        parse_cluster("8xV100")
+    with pytest.raises(HardwareError, match="malformed"):
+        parse_cluster("eight H200")
+    with pytest.raises(HardwareError, match="multiple"):
+        parse_cluster("12xH100")
+
+
+def test_table_sane_and_price_override():
+    for g in GPUS.values():
+        assert g.capacity_gib > 70 and g.bf16_tflops > 300 and g.usd_per_hour > 0 and g.price_source
+    h200 = get_gpu("h200")
+    assert 139 < h200.capacity_gib < 141
+    # the seed: 0.88 USD per million tokens at 2,499.52 tokens/s/GPU
+    assert h200.usd_per_hour / 3600 / 2499.52 * 1e6 == pytest.approx(0.88, abs=0.005)
+    assert parse_cluster("8xH200", price=2.0).gpu.usd_per_hour == 2.0

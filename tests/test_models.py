@@ -1,0 +1,65 @@
+import json
+
+import pytest
+
+from attune.models import FULL, LINEAR, ModelError, bundled_names, from_hf_config, load_model
+
+
+def test_qwen36_active_params_exact(qwen):
+    assert qwen.active_params == 25_623_920_640
+    assert qwen.total_params == 26_895_998_464  # slime-and-qwen.md 3.1
+    assert qwen.count_types(0, 64) == (16, 48)
+    assert [i for i in range(64) if qwen.layer_type(i) == FULL] == list(range(3, 64, 4))
+
+
+def test_per_layer_counts_match_reference(qwen):
+    assert qwen.full_layer().total == 372_255_232
+    assert qwen.gdn_layer().total == 383_273_184
+    assert qwen.full_layer().matrix == 372_244_480
+    assert qwen.gdn_layer().matrix == 383_262_720
+
+
+@pytest.mark.parametrize("name,total", [
+    ("Llama-3.1-8B", 8_030_261_248), ("Llama-3.1-70B", 70_553_706_496), ("gpt2", 124_439_808)])
+def test_known_totals(name, total):
+    assert load_model(name).total_params == total
+
+
+def test_bundled_includes_required():
+    names = set(bundled_names())
+    assert {"Qwen3.6-27B", "Qwen3.5-27B", "Qwen3.5-4B", "Qwen3.5-0.8B", "Llama-3.1-8B", "Llama-3.1-70B",
+            "tiny-qwen3.5", "tiny-llama"} <= names
+
+
+def test_stage_params_sum_to_total(qwen):
+    parts = qwen.stage_params(0, 16, True, False) + qwen.stage_params(16, 50, False, False) + qwen.stage_params(50, 64, False, True)
+    assert parts == qwen.total_params
+
+
+def test_config_path_and_case_insensitive(tmp_path):
+    from importlib import resources
+    cfg = json.loads(resources.files("attune").joinpath("model_configs", "Llama-3.1-8B.json").read_text())
+    p = tmp_path / "mymodel"
+    p.mkdir()
+    (p / "config.json").write_text(json.dumps(cfg))
+    assert load_model(str(p)).active_params == load_model("llama-3.1-8b").active_params
+
+
+def test_unsupported_family_and_missing_field():
+    with pytest.raises(ModelError, match="model_type 'bert'"):
+        from_hf_config({"model_type": "bert"})
+    with pytest.raises(ModelError, match="'hidden_size'"):
+        from_hf_config({"model_type": "llama", "num_attention_heads": 8, "num_hidden_layers": 2})
+    with pytest.raises(ModelError, match="mixture-of-experts"):
+        from_hf_config({"model_type": "qwen3_next", "num_experts": 512})
+    with pytest.raises(ModelError, match="unknown model"):
+        load_model("Qwen9-1T")
+
+
+def test_layer_types_list_honoured():
+    cfg = {"model_type": "qwen3_5_text", "num_hidden_layers": 4, "hidden_size": 64, "intermediate_size": 128,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 100,
+           "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+           "layer_types": ["full_attention", "linear_attention", "linear_attention", "full_attention"]}
+    m = from_hf_config(cfg)
+    assert [m.layer_type(i) for i in range(4)] == [FULL, LINEAR, LINEAR, FULL]

@@ -37,3 +37,101 @@ def print_estimate(est: Estimate, source: str = "", ignored: list[str] | None = 
         con.print(f"layout from: {source}", highlight=False)
     if ignored:
         con.print(f"ignored flags (no effect on memory or speed): {' '.join(ignored)}", highlight=False)
+
+
+# ---------------------------------------------------------------------- study plots
+def plot_study(cfg, out, out_dir) -> list[tuple[str, str]]:
+    """PNG plots beside report.md; returns (title, file name) pairs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .estimate import estimate
+    from .layout import Layout
+
+    kind = "measured" if cfg.runner.measured else "predicted"
+    trials = out.study.get_trials(deepcopy=False)
+    made: list[tuple[str, str]] = []
+
+    # 1. best so far over measured trials
+    meas = [t for t in trials if t.user_attrs.get("role")]
+    xs, ys, best = [], [], 0.0
+    for i, t in enumerate(meas):
+        if t.value is not None:
+            best = max(best, t.value)
+        xs.append(i + 1)
+        ys.append(best)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.step(xs, ys, where="post", label=f"best so far ({kind})")
+    ax.scatter([i + 1 for i, t in enumerate(meas) if t.value is not None],
+               [t.value for t in meas if t.value is not None], s=14, color="grey", label="trial")
+    ax.set_xlabel("measured trial")
+    ax.set_ylabel("tokens/s/GPU")
+    ax.set_title("Best so far")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "best_so_far.png", dpi=110)
+    plt.close(fig)
+    made.append(("Best tokens/s/GPU so far over measured trials", "best_so_far.png"))
+
+    # 2. memory breakdown of winner and baseline per stage against capacity
+    pairs = [(n, t) for n, t in (("winner", out.best), ("baseline", out.baseline)) if t is not None and "layout" in t.user_attrs]
+    if pairs:
+        fig, axes = plt.subplots(1, len(pairs), figsize=(6 * len(pairs), 4), squeeze=False)
+        parts = ("weights_gib", "grads_gib", "optimizer_gib", "activations_gib", "logits_gib", "overhead_gib")
+        for ax, (name, t) in zip(axes[0], pairs):
+            est = estimate(cfg.model, cfg.cluster, Layout(**t.user_attrs["layout"]), cfg.workload, cfg.engine,
+                           cfg.coefficients, check_layout=False)
+            bottom = [0.0] * len(est.memory.stages)
+            for part in parts:
+                vals = [s.to_dict()["breakdown"][part] for s in est.memory.stages]
+                ax.bar([str(s.stage) for s in est.memory.stages], vals, bottom=bottom, label=part.replace("_gib", ""))
+                bottom = [b + v for b, v in zip(bottom, vals)]
+            ax.axhline(est.memory.capacity_gib, color="red", linestyle="--", label="capacity")
+            ax.set_title(f"{name}: {t.user_attrs.get('label')}", fontsize=9)
+            ax.set_xlabel("pipeline stage")
+            ax.set_ylabel("GiB per GPU (predicted)")
+        axes[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out_dir / "memory_by_stage.png", dpi=110)
+        plt.close(fig)
+        made.append(("Predicted memory per stage against capacity: winner and baseline", "memory_by_stage.png"))
+
+    # 3. predicted throughput of every feasible candidate
+    feas = [(t.user_attrs["predicted_peak_gib"], t.user_attrs["predicted_tokens_per_s_per_gpu"])
+            for t in trials if "predicted_tokens_per_s_per_gpu" in t.user_attrs]
+    if feas:
+        cap = cfg.cluster.gpu.capacity_gib
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ok = [(m, v) for m, v in feas if m <= cap]
+        bad = [(m, v) for m, v in feas if m > cap]
+        if ok:
+            ax.scatter(*zip(*ok), s=8, label="fits")
+        if bad:
+            ax.scatter(*zip(*bad), s=8, color="lightcoral", label="predicted OOM")
+        ax.axvline(cap, color="red", linestyle="--")
+        ax.set_xlabel("predicted peak memory (GiB)")
+        ax.set_ylabel("predicted tokens/s/GPU")
+        ax.set_title("All estimated candidates")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out_dir / "candidates.png", dpi=110)
+        plt.close(fig)
+        made.append(("Predicted throughput and memory of every estimated candidate", "candidates.png"))
+
+    # 4. winner against baseline
+    if out.best is not None and out.baseline is not None and out.baseline.value is not None:
+        fig, ax = plt.subplots(figsize=(5, 4))
+        names = ["baseline", "winner"]
+        vals = [out.baseline.value, out.best.value]
+        ax.bar(names, vals, color=["grey", "tab:green"])
+        for i, v in enumerate(vals):
+            ax.text(i, v, f"{v:,.0f}", ha="center", va="bottom")
+        ax.set_ylabel(f"tokens/s/GPU ({kind})")
+        ax.set_title(f"{100 * (vals[1] / vals[0] - 1):+.0f}% over the baseline")
+        fig.tight_layout()
+        fig.savefig(out_dir / "winner_vs_baseline.png", dpi=110)
+        plt.close(fig)
+        made.append(("Winner against baseline", "winner_vs_baseline.png"))
+    return made

@@ -1,0 +1,1 @@
+"""The Optuna study: search spaces, the ask-and-tell loop, outputs."""

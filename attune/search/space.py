@@ -1,0 +1,225 @@
+"""Search spaces (YAML in search_spaces/): knobs with fixed Optuna domains, and their mapping to a Layout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+import yaml
+
+from ..engines import Engine
+from ..layout import Layout, LayoutError, Workload, check, stage_layer_counts
+from ..models import ModelSpec
+
+# knob -> kind: "choice" (a list of values) or "int" ({low, high})
+KNOBS = {
+    "tp": "choice", "sequence_parallel": "choice", "pp": "choice", "first_offset": "int", "last_offset": "int",
+    "vpp": "choice", "cp": "choice", "recompute": "choice", "recompute_method": "choice", "recompute_layers": "int",
+    "optimizer_cpu_offload": "choice", "tokens_per_microbatch_rows": "choice",
+}
+FIXED_ONLY = {"precision_aware_optimizer", "distributed_optimizer", "overlap_cpu_optimizer", "offload_fraction"}
+DEFAULTS = {"tp": 1, "sequence_parallel": False, "pp": 1, "first_offset": 0, "last_offset": 0, "vpp": 1, "cp": 1,
+            "recompute": "none", "recompute_method": "block", "recompute_layers": 1, "optimizer_cpu_offload": False,
+            "tokens_per_microbatch_rows": 1, "precision_aware_optimizer": True, "distributed_optimizer": True,
+            "overlap_cpu_optimizer": True, "offload_fraction": 1.0}
+ALLOWED_VALUES = {"recompute": {"none", "selective", "full"}, "recompute_method": {"block", "uniform"},
+                  "sequence_parallel": {True, False}, "optimizer_cpu_offload": {True, False}}
+POSITIVE_INT = {"tp", "pp", "vpp", "cp", "tokens_per_microbatch_rows"}
+
+
+class SearchSpaceError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    name: str
+    path: str
+    knobs: dict  # knob -> list of choices or (low, high)
+    fixed: dict
+
+    def distributions(self) -> dict[str, optuna.distributions.BaseDistribution]:
+        out = {}
+        for k, v in self.knobs.items():
+            if KNOBS[k] == "int":
+                out[k] = optuna.distributions.IntDistribution(v[0], v[1])
+            else:
+                out[k] = optuna.distributions.CategoricalDistribution(list(v))
+        return out
+
+    def suggest(self, trial: optuna.Trial) -> dict:
+        params = {}
+        for k, dist in self.distributions().items():
+            if isinstance(dist, optuna.distributions.IntDistribution):
+                params[k] = trial.suggest_int(k, dist.low, dist.high)
+            else:
+                params[k] = trial.suggest_categorical(k, dist.choices)
+        return params
+
+    def value(self, params: dict, key: str):
+        if key in params:
+            return params[key]
+        return self.fixed.get(key, DEFAULTS[key])
+
+    def to_layout(self, params: dict, model: ModelSpec, world_size: int, workload: Workload, engine: Engine) -> Layout:
+        """The layout for a parameter set; LayoutError names the rule it breaks."""
+        g = lambda k: self.value(params, k)  # noqa: E731
+        tp, pp, cp, vpp = int(g("tp")), int(g("pp")), int(g("cp")), int(g("vpp"))
+        mp = tp * pp * cp
+        if world_size % mp:
+            raise LayoutError(f"TP {tp} x PP {pp} x CP {cp} = {mp} does not divide the {world_size} GPUs")
+        L = model.num_layers
+        first = last = None
+        if pp > 1:
+            even = L // pp
+            first = even + int(g("first_offset"))
+            if pp == 2:
+                last = L - first
+            else:
+                last = even + int(g("last_offset"))
+                rest = L - first - last
+                if rest > 0:
+                    last += rest % (pp - 2)  # repair so the middle stages divide evenly
+            if first < 1 or last < 1 or L - first - last < (pp - 2):
+                raise LayoutError(f"layer split first={first} last={last} leaves a stage without layers")
+        offload = bool(g("optimizer_cpu_offload"))
+        rec = g("recompute")
+        method = n = None
+        probe = Layout(tp=tp, pp=pp, cp=cp, dp=world_size // mp, vpp=vpp, first=first, last=last)
+        counts = stage_layer_counts(probe, L)
+        if any(c % vpp for c in counts):
+            raise LayoutError(f"VPP {vpp} must divide every stage's layers ({'/'.join(map(str, counts))})")
+        if rec == "full":
+            method = g("recompute_method")
+            per_chunk = (max(counts) if method == "block" else min(counts)) // vpp
+            n = max(1, min(int(g("recompute_layers")), per_chunk))
+        rows = int(g("tokens_per_microbatch_rows"))
+        max_tokens = micro = None
+        if engine.dynamic_batching:
+            if (rows * workload.seq_length) % cp:
+                raise LayoutError(f"{rows} row(s) of {workload.seq_length} tokens do not split over CP {cp}")
+            max_tokens = rows * workload.seq_length // cp
+            micro = 1
+        else:
+            micro = rows
+        lay = Layout(
+            tp=tp, pp=pp, cp=cp, dp=world_size // mp, sp=bool(g("sequence_parallel")) and tp > 1, first=first, last=last,
+            vpp=vpp, micro_batch_size=micro, max_tokens_per_gpu=max_tokens,
+            recompute_granularity=rec, recompute_method=method, recompute_num_layers=n,
+            distributed_optimizer=bool(g("distributed_optimizer")) or engine.forces_distributed_optimizer,
+            precision_aware_optimizer=bool(g("precision_aware_optimizer")) or offload,
+            optimizer_cpu_offload=offload, offload_fraction=float(g("offload_fraction")),
+            overlap_cpu_optimizer=bool(g("overlap_cpu_optimizer")) and offload,
+        )
+        errs = check(lay, model, world_size, workload, engine)
+        if errs:
+            raise LayoutError("; ".join(errs))
+        return lay
+
+    def params_for(self, layout: Layout, model: ModelSpec, workload: Workload) -> dict | None:
+        """The parameters that map to `layout`, or None when this space cannot express it."""
+        L = model.num_layers
+        want = {"tp": layout.tp, "sequence_parallel": layout.sp, "pp": layout.pp, "vpp": layout.vpp, "cp": layout.cp,
+                "recompute": layout.recompute_granularity, "optimizer_cpu_offload": layout.optimizer_cpu_offload}
+        if layout.pp > 1:
+            counts = stage_layer_counts(layout, L)
+            even = L // layout.pp
+            want["first_offset"] = counts[0] - even
+            want["last_offset"] = counts[-1] - even if layout.pp > 2 else 0
+        else:
+            want["first_offset"] = want["last_offset"] = 0
+        if layout.recompute_granularity == "full":
+            want["recompute_method"] = layout.recompute_method
+            want["recompute_layers"] = layout.recompute_num_layers
+        else:
+            want["recompute_method"] = "block"
+            want["recompute_layers"] = 1
+        if layout.max_tokens_per_gpu:
+            want["tokens_per_microbatch_rows"] = max(1, layout.max_tokens_per_gpu * layout.cp // workload.seq_length)
+        else:
+            want["tokens_per_microbatch_rows"] = layout.micro_batch_size
+        params = {}
+        for k, v in want.items():
+            if k in self.knobs:
+                dom = self.knobs[k]
+                if KNOBS[k] == "int":
+                    if not dom[0] <= v <= dom[1]:
+                        if k in ("recompute_layers",) and layout.recompute_granularity != "full":
+                            v = dom[0]
+                        elif k == "last_offset" and layout.pp <= 2:
+                            v = max(dom[0], min(dom[1], 0))
+                        else:
+                            return None
+                elif v not in dom:
+                    if k in ("recompute_method",) and layout.recompute_granularity != "full":
+                        v = dom[0]
+                    else:
+                        return None
+                params[k] = v
+            elif k in self.fixed and self.fixed[k] != v and not (k in ("recompute_method", "recompute_layers")
+                                                                 and layout.recompute_granularity != "full"):
+                return None
+        return params
+
+
+def default_space_path() -> Path:
+    """search_spaces/dense.yaml of the attune checkout (the project is installed in place: pip install -e)."""
+    return Path(__file__).resolve().parents[2] / "search_spaces" / "dense.yaml"
+
+
+def load_space(path: str | Path | None = None) -> SearchSpace:
+    p = Path(path) if path else default_space_path()
+    if not p.exists():
+        raise SearchSpaceError(f"{p}: no such search space file")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise SearchSpaceError(f"{p}: malformed YAML{where}") from None
+    if not isinstance(data, dict):
+        raise SearchSpaceError(f"{p}: a search space must be a mapping with 'knobs' and 'fixed'")
+    unknown = set(data) - {"name", "knobs", "fixed", "description"}
+    if unknown:
+        raise SearchSpaceError(f"{p}: unknown top-level key '{sorted(unknown)[0]}'; allowed: name, knobs, fixed")
+    knobs_in, fixed = data.get("knobs") or {}, data.get("fixed") or {}
+    if not isinstance(knobs_in, dict) or not isinstance(fixed, dict):
+        raise SearchSpaceError(f"{p}: 'knobs' and 'fixed' must be mappings")
+    knobs = {}
+    for k, v in knobs_in.items():
+        if k not in KNOBS:
+            raise SearchSpaceError(f"{p}: knobs.{k}: unknown knob; allowed: {', '.join(KNOBS)}")
+        if k in fixed:
+            raise SearchSpaceError(f"{p}: knobs.{k}: also set in 'fixed' (contradictory)")
+        if KNOBS[k] == "int":
+            if not (isinstance(v, dict) and isinstance(v.get("low"), int) and isinstance(v.get("high"), int)):
+                raise SearchSpaceError(f"{p}: knobs.{k}: expected {{low: INT, high: INT}}")
+            if v["low"] > v["high"]:
+                raise SearchSpaceError(f"{p}: knobs.{k}: low {v['low']} > high {v['high']}")
+            knobs[k] = (v["low"], v["high"])
+        else:
+            if not isinstance(v, list) or not v:
+                raise SearchSpaceError(f"{p}: knobs.{k}: expected a non-empty list of choices")
+            for x in v:
+                _check_value(p, f"knobs.{k}", k, x)
+            knobs[k] = tuple(v)
+    for k, v in fixed.items():
+        if k not in KNOBS and k not in FIXED_ONLY:
+            raise SearchSpaceError(f"{p}: fixed.{k}: unknown setting; allowed: {', '.join(list(KNOBS) + sorted(FIXED_ONLY))}")
+        if k in KNOBS and KNOBS[k] == "int" and not isinstance(v, int):
+            raise SearchSpaceError(f"{p}: fixed.{k}: expected an integer")
+        if k in KNOBS and KNOBS[k] == "choice":
+            _check_value(p, f"fixed.{k}", k, v)
+    if fixed.get("optimizer_cpu_offload") is True and fixed.get("precision_aware_optimizer") is False:
+        raise SearchSpaceError(f"{p}: fixed.optimizer_cpu_offload: CPU offload needs precision_aware_optimizer true")
+    if fixed.get("distributed_optimizer") is False and fixed.get("precision_aware_optimizer") is True:
+        raise SearchSpaceError(f"{p}: fixed.precision_aware_optimizer: needs distributed_optimizer true")
+    return SearchSpace(name=str(data.get("name") or p.stem), path=str(p), knobs=knobs, fixed=dict(fixed))
+
+
+def _check_value(p, where, k, x):
+    if k in ALLOWED_VALUES and x not in ALLOWED_VALUES[k]:
+        raise SearchSpaceError(f"{p}: {where}: {x!r} not allowed; allowed: {sorted(map(str, ALLOWED_VALUES[k]))}")
+    if k in POSITIVE_INT and not (isinstance(x, int) and not isinstance(x, bool) and x >= 1):
+        raise SearchSpaceError(f"{p}: {where}: {x!r} must be a positive integer")

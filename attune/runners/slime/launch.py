@@ -1,0 +1,428 @@
+"""The exact slime launch for a layout: environment, argv, a bash script and a Ray job entrypoint.
+
+Sources: /work/shared/reference/slime-and-qwen.md (1.1 MODEL_ARGS, 1.2 argument groups, 1.3 how slime is
+started and its env vars, 1.4 --debug-train-only, 1.5 dynamic batching, 2.1 TensorBoard) and the seed recipe
+attune-tp1-pp4-split16-rb12.yaml (its `run` and `env` blocks, with the `python3 -m --async` bug fixed).
+
+Entrypoint: ``train_async.py`` by default. A trial is an SFT run with ``--debug-train-only`` (no SGLang, no
+weight sync); slime's SFT script (``scripts/run-qwen3.5-35B-A3B-sft.sh``) uses ``train_async.py`` so the next
+rollout's rows are prefetched while the current step trains. ``train_async.py`` asserts ``not args.colocate``,
+so the launch never passes ``--colocate`` (there is no rollout engine to colocate with anyway). ``async_=False``
+gives ``train.py`` with the same flags.
+
+What runs where:
+
+* ``LaunchCommand.to_shell()`` is the script the Ray job runs on the head node: exports, the stack probe (one
+  JSON line with the image's versions, first, so a broken image fails fast), ``cd`` to the slime checkout, and
+  ``python3 train_async.py`` with one flag per line. Every user-supplied value is quoted with shlex.quote.
+* Ray does not pass a driver's environment to the actors it starts, so the environment also goes into the
+  job's ``runtime_env`` (``LaunchCommand.runtime_env()``), which reaches slime's training and rollout actors.
+  ``NCCL_NVLS_ENABLE`` with ``nvlink: auto`` is computed by the script on the node (``nvidia-smi topo -m``, as
+  slime's scripts do) and handed to the training actors with slime's ``--train-env-vars``.
+* ``LaunchCommand.ray_entrypoint()`` is ``bash -c '<the script>'``.
+
+Without a cluster file the paths are shell variables: $SLIME_DIR, $MEGATRON_DIR, $HF_CKPT, $TORCH_DIST,
+$SFT_DATA, $PROFILE_DIR.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field, replace
+
+from ...engines import get_engine
+from ...hardware import Cluster, parse_cluster
+from ...layout import Layout, LayoutError, Workload, check, from_recipe_blocks, to_flags
+from ...models import ModelSpec, load_model
+from .cluster import PATH_VARS, ClusterConfig
+
+__all__ = ["LaunchCommand", "LaunchError", "ShellText", "model_args", "slime_command", "command_for_recipe",
+           "ROLLOUT_FUNCTION", "ASYNC_SCRIPT", "SYNC_SCRIPT", "stage_of_rank"]
+
+
+class LaunchError(ValueError):
+    """A layout/model/cluster combination that cannot be launched; the message says what is allowed."""
+
+
+# slime's entrypoints at its repository root (reference 1.3).
+ASYNC_SCRIPT = "train_async.py"
+SYNC_SCRIPT = "train.py"
+# attune's rollout function: replays pretokenized rows under --debug-train-only (reference 1.4).
+ROLLOUT_FUNCTION = "attune.slime_rollout.pretokenized_sft_rollout.generate_rollout"
+# The stack probe module, run before training (one JSON line in the job log).
+STACK_PROBE_MODULE = "attune.runners.slime.stack_probe"
+# TensorBoard project for slime's logger (reference 2.1: --use-tensorboard + --tb-project-name).
+TB_PROJECT = "attune"
+# Seed recipe: --distributed-timeout-minutes 30 (min).
+DISTRIBUTED_TIMEOUT_MIN = 30
+# slime's scripts detect NVLink this way (HAS_NVLINK in scripts/run-qwen3.5-27B.sh, reference 1.2).
+NVLINK_DETECT = "NVLINK_COUNT=$(nvidia-smi topo -m 2>/dev/null | grep -o 'NV[0-9][0-9]*' | wc -l || true)"
+# The seed recipe's env value for NCCL_NVLS_ENABLE, verbatim.
+NVLS_FROM_COUNT = '$([ "$NVLINK_COUNT" -gt 0 ] && echo 1 || echo 0)'
+# Variable holding the probe's interpreter: attune.recipe.runblock takes the first command that names a
+# python binary as the launch's main command, so the probe must not spell one out.
+PROBE_PY_VAR = "ATTUNE_PROBE_PYTHON"
+_TRIAL_SAFE_RE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class ShellText(str):
+    """A value the shell expands when the script runs.
+
+    ``str(x)`` is the text as a bash word splitter reads it back (``$HF_CKPT``), ``x.shell`` how the script
+    writes it (``"$HF_CKPT"``), and ``x.ray`` the form for a Ray runtime_env (``${HF_CKPT}``; Ray expands
+    ``${VAR}`` in env_vars from the node's environment), or None when Ray cannot express it.
+    """
+
+    shell: str
+    ray: str | None
+
+    def __new__(cls, text: str, shell: str, ray: str | None = None) -> "ShellText":
+        obj = super().__new__(cls, text)
+        obj.shell = shell
+        obj.ray = ray
+        return obj
+
+    @classmethod
+    def var(cls, name: str) -> "ShellText":
+        return cls(f"${name}", f'"${name}"', "${" + name + "}")
+
+
+def _q(value: str) -> str:
+    """One shell word for a value: ShellText as written, everything else shlex-quoted."""
+    return value.shell if isinstance(value, ShellText) else shlex.quote(str(value))
+
+
+def _join(base: str, *parts: str) -> str:
+    """base/part/...: a ShellText when base is one (the parts quoted), else a plain path."""
+    tail = "/".join(p.strip("/") for p in parts if p)
+    if isinstance(base, ShellText):
+        ray = None if base.ray is None else f"{base.ray}/{tail}"
+        return ShellText(f"{base}/{tail}", f"{base.shell}/{shlex.quote(tail)}", ray)
+    return f"{base.rstrip('/')}/{tail}"
+
+
+def _num(x: float | int) -> str:
+    """Compact number text: 10000000.0 -> 10000000, 1e-06 -> 1e-6, 0.25 -> 0.25."""
+    if isinstance(x, bool):
+        raise LaunchError(f"expected a number, got {x!r}")
+    if isinstance(x, int):
+        return str(x)
+    if x == int(x) and abs(x) < 1e15:
+        return str(int(x))
+    s = repr(float(x))
+    return re.sub(r"e([+-])0*(\d)", lambda m: "e" + ("-" if m.group(1) == "-" else "") + m.group(2), s)
+
+
+def _flt(x: float) -> str:
+    """A float flag value that stays a float (0.0, not 0)."""
+    s = _num(x)
+    return s if any(c in s for c in ".e") else s + ".0"
+
+
+def trial_slug(name: str) -> str:
+    """A trial name safe for paths and Ray submission ids."""
+    s = _TRIAL_SAFE_RE.sub("-", name).strip("-.")
+    if not s:
+        raise LaunchError(f"trial name {name!r} has no usable characters; allowed: letters, digits, . _ -")
+    return s[:120]
+
+
+# ---------------------------------------------------------------------- model arguments
+def model_args(model: ModelSpec) -> list[str]:
+    """Megatron-LM / slime architecture flags for a model, generated from its spec.
+
+    qwen3_5: slime's ``scripts/models/qwen3.5-27B.sh`` MODEL_ARGS (reference 1.1), in its order; tied models
+    (4B, 0.8B) leave out --untie-embeddings-and-output-weights. llama family: Megatron's llama flags (as in
+    slime's scripts/models/llama3-8B.sh / qwen3-4B.sh). gpt2: learned absolute positions, LayerNorm, biases,
+    Megatron's default GeLU in OpenAI's tanh form (HF gpt2's ``gelu_new``).
+    """
+    m = model
+    if m.family == "qwen3_5":
+        a = ["--spec", "slime_plugins.models.qwen3_5", "get_qwen3_5_spec",
+             "--disable-bias-linear", "--qk-layernorm", "--group-query-attention",
+             "--num-attention-heads", str(m.heads), "--num-query-groups", str(m.kv_heads),
+             "--kv-channels", str(m.head_dim), "--num-layers", str(m.num_layers),
+             "--hidden-size", str(m.hidden), "--ffn-hidden-size", str(m.ffn)]
+        if m.attn_output_gate:
+            a.append("--use-gated-attention")  # slime's patch registers it; the gate itself: --attention-output-gate
+        a += ["--normalization", "RMSNorm", "--apply-layernorm-1p", "--position-embedding-type", "rope",
+              "--norm-epsilon", _num(m.norm_eps), "--rotary-percent", _num(m.rotary_percent), "--swiglu"]
+        if not m.tied_embeddings:
+            a.append("--untie-embeddings-and-output-weights")
+        a += ["--vocab-size", str(m.vocab), "--rotary-base", _num(m.rope_theta)]
+        if m.attn_output_gate:
+            a.append("--attention-output-gate")
+        return a
+    if m.family == "llama":
+        a = ["--swiglu", "--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden),
+             "--ffn-hidden-size", str(m.ffn), "--num-attention-heads", str(m.heads)]
+        if m.kv_heads != m.heads:
+            a += ["--group-query-attention", "--num-query-groups", str(m.kv_heads)]
+        a += ["--kv-channels", str(m.head_dim), "--position-embedding-type", "rope",
+              "--rotary-base", _num(m.rope_theta)]
+        if m.rotary_percent != 1.0:
+            a += ["--rotary-percent", _num(m.rotary_percent)]
+        a += ["--disable-bias-linear"]
+        if m.attn_bias:
+            a.append("--add-qkv-bias")  # qwen2: q/k/v biases only
+        a += ["--normalization", "RMSNorm", "--norm-epsilon", _num(m.norm_eps), "--vocab-size", str(m.vocab)]
+        if m.qk_norm:
+            a.append("--qk-layernorm")
+        if not m.tied_embeddings:
+            a.append("--untie-embeddings-and-output-weights")
+        return a
+    if m.family == "gpt2":
+        return ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden), "--ffn-hidden-size", str(m.ffn),
+                "--num-attention-heads", str(m.heads), "--kv-channels", str(m.head_dim),
+                "--max-position-embeddings", str(m.max_positions), "--position-embedding-type", "learned_absolute",
+                "--normalization", "LayerNorm", "--norm-epsilon", _num(m.norm_eps),
+                "--openai-gelu",  # HF gpt2 activation gelu_new = tanh GeLU (Megatron's default is exact GeLU)
+                "--vocab-size", str(m.vocab)]
+    raise LaunchError(f"model {m.name}: family '{m.family}' has no slime launch; allowed: qwen3_5, llama, gpt2")
+
+
+def loss_mask_type(model: ModelSpec) -> str | None:
+    """slime's --loss-mask-type for a model's chat template (None: slime's default)."""
+    if model.family == "qwen3_5":
+        return "qwen3_5"
+    if model.model_type == "qwen3":
+        return "qwen3"
+    if model.model_type == "qwen2":
+        return "qwen"
+    return None
+
+
+def stage_of_rank(rank: int, layout: Layout) -> int:
+    """Pipeline stage of a global rank. Megatron's default rank order is tp-cp-ep-dp-pp: PP is outermost, so
+    stage = rank // (TP x CP x DP) (megatron/core/parallel_state.py, RankGenerator order)."""
+    per_stage = layout.tp * layout.cp * layout.dp
+    if rank < 0 or rank >= layout.world_size:
+        raise LaunchError(f"rank {rank} is outside the {layout.world_size} ranks of the layout")
+    return rank // per_stage
+
+
+# ---------------------------------------------------------------------- the launch
+@dataclass
+class LaunchCommand:
+    trial: str
+    python: str
+    script: str  # train_async.py | train.py
+    workdir: str  # slime checkout (cd there first)
+    env: dict[str, str]  # exported, in order; ShellText values are expanded by the shell
+    argv: list[str]  # python, script, flags...
+    setup: list[str] = field(default_factory=list)  # raw shell lines before the exports (generated, not user input)
+    probe: bool = True
+    comment: str = ""
+
+    @property
+    def flags(self) -> list[str]:
+        return self.argv[2:]
+
+    def flag_groups(self) -> list[list[str]]:
+        """The flags, each with its values: [['--num-layers', '64'], ['--swiglu'], ...]."""
+        out: list[list[str]] = []
+        for w in self.flags:
+            if w.startswith("--") or not out:
+                out.append([w])
+            else:
+                out[-1].append(w)
+        return out
+
+    def to_shell(self) -> str:
+        """A complete bash script; user values are shlex-quoted, one flag per line."""
+        lines = ["#!/usr/bin/env bash"]
+        if self.comment:
+            lines += [f"# {c}" for c in self.comment.splitlines()]
+        lines.append("set -euo pipefail")
+        lines += self.setup
+        for k, v in self.env.items():
+            lines.append(f"export {k}={_q(v)}")
+        if self.probe:
+            lines.append("# software stack of the training image, one JSON line (attune stack probe)")
+            lines.append(f"{PROBE_PY_VAR}={_q(self.python)}")
+            lines.append(f'"${PROBE_PY_VAR}" -m {STACK_PROBE_MODULE}')
+        lines.append(f"cd {_q(self.workdir)}")
+        cmd = [f"{_q(self.python)} {_q(self.script)} \\"]
+        groups = self.flag_groups()
+        for i, g in enumerate(groups):
+            end = "" if i == len(groups) - 1 else " \\"
+            cmd.append("  " + " ".join(_q(w) for w in g) + end)
+        lines += cmd
+        return "\n".join(lines) + "\n"
+
+    def ray_entrypoint(self) -> str:
+        """The Ray job entrypoint: the script run by bash on the head node."""
+        return "bash -c " + shlex.quote(self.to_shell())
+
+    def runtime_env(self) -> dict:
+        """Ray runtime_env for the job: every env var Ray can express (actors do not inherit the driver's)."""
+        env: dict[str, str] = {}
+        for k, v in self.env.items():
+            if isinstance(v, ShellText):
+                if v.ray is None:
+                    continue  # computed on the node; reaches the training actors via --train-env-vars
+                env[k] = v.ray
+            else:
+                env[k] = str(v)
+        return {"env_vars": env}
+
+
+def _paths(cfg: ClusterConfig | None) -> dict[str, str]:
+    if cfg is None:
+        return {k: ShellText.var(v) for k, v in PATH_VARS.items()}
+    p = cfg.paths
+    return {"slime": p.slime, "megatron": p.megatron, "hf_checkpoint": p.hf_checkpoint,
+            "torch_dist": p.torch_dist, "sft_data": p.sft_data, "output": p.output}
+
+
+def _pythonpath(megatron: str, attune_dir: str | None) -> ShellText:
+    parts = [megatron] + ([attune_dir] if attune_dir else [])
+    shell = ":".join(_q(p) for p in parts) + ':"${PYTHONPATH:-}"'
+    text = ":".join(str(p) for p in parts) + ":${PYTHONPATH:-}"
+    ray = ":".join(p.ray if isinstance(p, ShellText) else p for p in parts) + ":${PYTHONPATH}"
+    return ShellText(text, shell, ray)
+
+
+def slime_command(model: ModelSpec, cluster_spec: Cluster, layout: Layout, workload: Workload,
+                  cluster_cfg: ClusterConfig | None = None, steps: int | None = None, async_: bool = True,
+                  trial: str | None = None, python: str | None = None, probe: bool = True) -> LaunchCommand:
+    """The slime launch of one trial: `steps` optimizer steps (= rollouts) of `layout` on `cluster_spec`.
+
+    steps defaults to workload.steps (20 in the seed). trial names the TensorBoard run and the output folder.
+    """
+    steps = workload.steps if steps is None else steps
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise LaunchError(f"steps must be a positive integer (got {steps!r})")
+    a, b = workload.window
+    if not 0 <= a <= b < steps:
+        raise LaunchError(f"measurement window {a}..{b} must lie within the {steps} steps 0..{steps - 1}")
+    if layout.world_size != cluster_spec.world_size:
+        raise LaunchError(f"layout {layout.label()} uses {layout.world_size} GPUs, the cluster {cluster_spec.spec} "
+                          f"has {cluster_spec.world_size}; they must match")
+    if cluster_cfg is not None and (cluster_cfg.nodes, cluster_cfg.gpus_per_node) != (cluster_spec.nodes, cluster_spec.gpus_per_node):
+        raise LaunchError(f"{cluster_cfg.source}: the cluster file has {cluster_cfg.nodes} x {cluster_cfg.gpus_per_node} "
+                          f"GPUs, the trial asks for {cluster_spec.nodes} x {cluster_spec.gpus_per_node}")
+    if layout.precision != "bf16":
+        raise LaunchError(f"precision {layout.precision}: slime trains in bf16 only (it sets bf16 = not fp16)")
+    errs = check(layout, model, cluster_spec.world_size, workload, get_engine("slime"))
+    if errs:
+        raise LaunchError(f"layout {layout.label()} cannot run on slime: " + "; ".join(errs))
+    if model.positions == "learned" and workload.seq_length > model.max_positions:
+        raise LaunchError(f"{model.name} has {model.max_positions} learned positions; rows of {workload.seq_length} "
+                          f"tokens do not fit (use a row length <= {model.max_positions})")
+    trial = trial or f"attune-{layout.slug()}"
+    slug = trial_slug(trial)
+    paths = _paths(cluster_cfg)
+    py = python or (cluster_cfg.python if cluster_cfg else "python3")
+    nvlink = cluster_cfg.nvlink if cluster_cfg else "auto"
+
+    env: dict[str, str] = {
+        "CUDA_DEVICE_MAX_CONNECTIONS": "1",  # Megatron: comm/compute overlap ordering (slime scripts, seed env)
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",  # slime SFT script, seed env
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",  # seed env
+        "PYTHONUNBUFFERED": "1",  # slime's scripts: log lines reach the job log as they are printed
+    }
+    setup: list[str] = []
+    if nvlink == "auto":
+        setup.append(NVLINK_DETECT)
+        env["NCCL_NVLS_ENABLE"] = ShellText(NVLS_FROM_COUNT, NVLS_FROM_COUNT, None)
+    else:
+        env["NCCL_NVLS_ENABLE"] = "1" if int(nvlink) > 0 else "0"
+    env["PYTHONPATH"] = _pythonpath(paths["megatron"], cluster_cfg.paths.attune if cluster_cfg else None)
+    env["TENSORBOARD_DIR"] = _join(paths["output"], slug, "tensorboard")  # slime's logger reads this (ref 2.1)
+    if cluster_cfg is not None:
+        for k, v in cluster_cfg.env.items():
+            env[k] = v
+
+    flags: list[str] = ["--actor-num-nodes", str(cluster_spec.nodes),
+                        "--actor-num-gpus-per-node", str(cluster_spec.gpus_per_node)]
+    flags += model_args(model)
+    flags += ["--hf-checkpoint", paths["hf_checkpoint"], "--ref-load", paths["torch_dist"]]
+    gb = str(workload.global_batch)
+    flags += ["--rollout-function-path", ROLLOUT_FUNCTION, "--prompt-data", paths["sft_data"],
+              "--input-key", "messages", "--metadata-key", "metadata",
+              "--num-rollout", str(steps), "--rollout-batch-size", gb, "--global-batch-size", gb,
+              "--loss-type", "sft_loss"]
+    lmt = loss_mask_type(model)
+    if lmt:
+        flags += ["--loss-mask-type", lmt]
+    flags += ["--calculate-per-token-loss", "--disable-compute-advantages-and-returns", "--debug-train-only"]
+    # layout: slime sets bf16 itself and a placeholder --seq-length; the batch is --global-batch-size above
+    lay = to_flags(layout)
+    drop = {"--bf16", "--fp16"}
+    flags += [f for f in lay if f not in drop]
+    flags += ["--optimizer", "adam", "--lr", _num(workload.lr), "--lr-decay-style", workload.lr_decay_style,
+              "--min-lr", _num(workload.min_lr), "--lr-warmup-fraction", _num(workload.warmup_fraction),
+              "--weight-decay", _num(workload.weight_decay), "--adam-beta1", _num(workload.adam_beta1),
+              "--adam-beta2", _num(workload.adam_beta2)]
+    flags += ["--attention-dropout", _flt(0.0), "--hidden-dropout", _flt(0.0),
+              "--accumulate-allreduce-grads-in-fp32", "--attention-softmax-in-fp32", "--attention-backend", "flash",
+              "--distributed-timeout-minutes", str(DISTRIBUTED_TIMEOUT_MIN)]
+    flags += ["--use-tensorboard", "--tb-project-name", TB_PROJECT, "--tb-experiment-name", slug]
+    if nvlink == "auto":
+        # the node-computed NVLS switch for the training actors (runtime_env cannot run nvidia-smi)
+        js = '{"NCCL_NVLS_ENABLE": "$NCCL_NVLS_ENABLE"}'
+        flags += ["--train-env-vars", ShellText(js, '"{\\"NCCL_NVLS_ENABLE\\": \\"$NCCL_NVLS_ENABLE\\"}"', None)]
+    script = ASYNC_SCRIPT if async_ else SYNC_SCRIPT
+    comment = (f"attune slime trial {slug}: {model.name}, {layout.label()}, {steps} steps of "
+               f"{workload.global_batch} x {workload.seq_length} tokens on {cluster_spec.spec}\n"
+               f"generated by attune.runners.slime.launch; submitted as a Ray job, the actors get the "
+               f"exported environment through the job's runtime_env")
+    return LaunchCommand(trial=slug, python=py, script=script, workdir=paths["slime"], env=env,
+                         argv=[py, script] + flags, setup=setup, probe=probe, comment=comment)
+
+
+# ---------------------------------------------------------------------- from a recipe
+_RUN_OPTIMIZER_FLAGS = {"--lr": "lr", "--min-lr": "min_lr", "--lr-warmup-fraction": "warmup_fraction",
+                        "--weight-decay": "weight_decay", "--adam-beta1": "adam_beta1", "--adam-beta2": "adam_beta2"}
+
+
+def command_for_recipe(recipe: dict, cluster_cfg: ClusterConfig | None = None, async_: bool = True) -> LaunchCommand:
+    """The slime launch of a recipe's model, gpu, layout and workload blocks (the `attune slime command` view).
+
+    Optimizer settings come from the recipe's `run` flags when it has them (else attune's defaults, which are
+    the seed's), the step count and window from its `result` block (else 20 steps, window 5..19).
+    """
+    if not isinstance(recipe, dict):
+        raise LaunchError("recipe must be a mapping")
+    for key in ("model", "gpu", "layout", "workload"):
+        if not recipe.get(key):
+            raise LaunchError(f"recipe has no '{key}' block; a slime launch needs model, gpu, layout and workload")
+    model = load_model(str(recipe["model"]))
+    gpu = recipe["gpu"]
+    try:
+        count, per = int(gpu["count"]), int(gpu.get("per_node") or gpu["count"])
+        gtype = str(gpu["type"])
+    except (KeyError, TypeError, ValueError):
+        raise LaunchError("recipe gpu block needs type, count and per_node (integers)") from None
+    if per < 1 or count % per:
+        raise LaunchError(f"recipe gpu.count {count} is not a multiple of gpu.per_node {per}")
+    cluster_spec = parse_cluster(f"{count // per}x{per}x{gtype}")
+    try:
+        layout, workload = from_recipe_blocks(recipe["layout"], recipe["workload"])
+    except LayoutError as e:
+        raise LaunchError(f"recipe layout: {e}") from None
+    result = recipe.get("result") or {}
+    upd: dict = {}
+    if isinstance(result.get("steps_per_run"), int):
+        upd["steps"] = result["steps_per_run"]
+    if isinstance(result.get("window"), (list, tuple)) and len(result["window"]) == 2:
+        upd["window"] = (int(result["window"][0]), int(result["window"][1]))
+    run = recipe.get("run")
+    if isinstance(run, str) and run.strip():
+        from ...recipe.runblock import parse_run
+
+        fl = parse_run(run).flag_dict()
+        for flag, name in _RUN_OPTIMIZER_FLAGS.items():
+            try:
+                if fl.get(flag) is not None:
+                    upd[name] = float(fl[flag])
+            except ValueError:
+                pass
+        if fl.get("--lr-decay-style"):
+            upd["lr_decay_style"] = fl["--lr-decay-style"]
+    workload = replace(workload, **upd)
+    label = layout.slug()
+    return slime_command(model, cluster_spec, layout, workload, cluster_cfg=cluster_cfg, async_=async_,
+                         trial=f"attune-{label}")

@@ -51,6 +51,10 @@ def baseline_layout(model: ModelSpec, cluster: Cluster, workload: Workload, engi
         if world % mp == 0:
             cand = replace(lay, dp=world // mp)
             if not check(cand, model, world, workload, engine):
+                if cand.pp > 1:  # spell the split out, as the recipe's layout block does
+                    from .layout import stage_layer_counts
+                    counts = stage_layer_counts(cand, model.num_layers)
+                    cand = replace(cand, first=counts[0], last=counts[-1])
                 return cand, "; ".join(notes)
         if lay.cp > 1:
             notes.append(f"CP {lay.cp} -> 1 for {cluster.spec}")

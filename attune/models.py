@@ -218,6 +218,7 @@ def from_hf_config(cfg: dict, name: str = "model", where: str | None = None) -> 
     if not isinstance(cfg, dict):
         raise ModelError(f"{where}: config.json must be a JSON object")
     outer_type = cfg.get("model_type")
+    src = cfg.get("_attune_source", "")
     if "text_config" in cfg and isinstance(cfg["text_config"], dict):
         text = dict(cfg["text_config"])
         text.setdefault("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
@@ -229,7 +230,6 @@ def from_hf_config(cfg: dict, name: str = "model", where: str | None = None) -> 
     n_experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0
     if n_experts and n_experts > 1:
         raise ModelError(f"{where}: mixture-of-experts models (num_experts={n_experts}) are not supported yet; dense models only")
-    src = cfg.get("_attune_source", "")
     if mt in GPT2_TYPES:
         h = _need(cfg, "n_embd", where)
         heads = _need(cfg, "n_head", where)

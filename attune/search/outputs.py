@@ -114,7 +114,7 @@ def build_recipe(cfg: TuneConfig, out: TuneOutcome) -> dict:
             "step_time_cv_percent": round(float(best.user_attrs.get("step_time_cv_percent") or 0.0), 3),
             "mfu": round(mfu, 4),
             "mfu_note": "tokens/s/GPU x 6 x active parameters / dense BF16 peak" + ("" if measured else "; predicted"),
-            "active_params": {"count": model.active_params, "source": model.source or "attune models", "revision": None},
+            "active_params": {"count": model.active_params, "source": model.source or f"config of {model.name}", "revision": None},
             "measured": today if measured else None,
             "steps_per_run": wl.steps, "window": [a, b], "window_tokens": wl.tokens_per_step * (b - a + 1),
             "runs": 1, "profiler": False, "gpu_hours": round(gpu_hours, 4),

@@ -60,6 +60,7 @@ class TuneConfig:
     coefficients: Coefficients = DEFAULT
     memory_limit_gib: float | None = None
     data_path: str | None = None
+    headroom: float = 0.02  # fraction of GPU memory kept free: predictions this close to capacity are not trusted
 
 
 @dataclass
@@ -185,6 +186,10 @@ def run_study(cfg: TuneConfig, progress=None) -> TuneOutcome:
     model, cluster, wl, eng, space = cfg.model, cfg.cluster, cfg.workload, cfg.engine, cfg.space
     dists = space.distributions()
     capacity = cluster.gpu.capacity_gib
+    usable = capacity * (1.0 - cfg.headroom)
+
+    def fits(e: Estimate) -> bool:
+        return e.memory.host_fits and e.memory.peak_gib <= usable
 
     measured_layouts: set[tuple] = {_layout_key(t.user_attrs["layout"]) for t in _measured(study) if "layout" in t.user_attrs}
     # monotone rule: a stage that ran out of memory for real at a predicted P GiB rules out >= P GiB on that stage
@@ -297,14 +302,16 @@ def run_study(cfg: TuneConfig, progress=None) -> TuneOutcome:
             t.report(pred, 0)
             key = _layout_key(layout.to_dict())
             over = [s for s in est.memory.stages if s.stage in oom_floor and s.total_gib >= oom_floor[s.stage]]
-            if not est.fits:
+            if not fits(est):
                 counts["oom_predicted"] += 1
                 t.set_user_attr("kind", KIND_OOM)
-                t.set_user_attr("reason", est.memory.verdict())
-                t.set_constraint("memory_gib", max(est.memory.shortfall_gib, 1e-3))
+                t.set_user_attr("reason", est.memory.verdict() if not est.fits else
+                                f"predicted peak {est.memory.peak_gib:.1f} GiB on stage {est.memory.peak_stage} is within the "
+                                f"{100 * cfg.headroom:g}% headroom of {capacity:.1f} GiB")
+                t.set_constraint("memory_gib", max(est.memory.peak_gib - usable, 1e-3))
                 study.tell(t, state=optuna.trial.TrialState.PRUNED)
                 continue
-            t.set_constraint("memory_gib", est.memory.shortfall_gib)
+            t.set_constraint("memory_gib", est.memory.peak_gib - usable)
             if over:
                 counts["oom_rule"] += 1
                 t.set_user_attr("kind", KIND_RULE)
@@ -333,7 +340,7 @@ def run_study(cfg: TuneConfig, progress=None) -> TuneOutcome:
                     cache[key] = float("-inf")
                     return cache[key]
                 e = estimate(model, cluster, lay, wl, eng, cfg.coefficients, check_layout=False)
-                bad = (not e.fits or _layout_key(lay.to_dict()) in measured_layouts
+                bad = (not fits(e) or _layout_key(lay.to_dict()) in measured_layouts
                        or any(s.stage in oom_floor and s.total_gib >= oom_floor[s.stage] for s in e.memory.stages))
                 cache[key] = float("-inf") if bad else e.perf.tokens_per_s_per_gpu
             return cache[key]

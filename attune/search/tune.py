@@ -73,7 +73,8 @@ def build_config(args) -> TuneConfig:
     return TuneConfig(model=model, cluster=cluster, engine=engine, workload=wl, space=space, runner=runner,
                       baseline=base, baseline_note=note, trials=args.trials or d["trials"],
                       candidates=args.candidates or d["candidates"], slack=args.slack, seed=args.seed,
-                      storage=storage, study_name=name, out_dir=out, timeout_s=args.timeout)
+                      storage=storage, study_name=name, out_dir=out, timeout_s=args.timeout,
+                      headroom=args.memory_headroom)
 
 
 def run_tune(args) -> int:

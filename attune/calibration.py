@@ -22,6 +22,9 @@ class Coefficients:
     # Literature: CUDA 12 context on Hopper ~0.5-0.7 GiB; NCCL with NVLS ~1-2 GiB; TE/cuBLAS ~0.5 GiB.
     # Fitted on a grid bounded by that physical range (1.5-6.0 GiB).
     fixed_overhead_gib: float = 6.0
+    # CPU workers (torch runner): resident memory of a Python process with torch, gloo and the worker imported,
+    # before the model: ~0.30 GiB measured here with torch 2.13.0 CPU (peak RSS of a 0-layer run). Not fitted.
+    cpu_process_overhead_gib: float = 0.30
     # --- performance
     # Fraction of dense BF16 peak reached by large GEMMs (cuBLAS/TE on Hopper reach 0.6-0.8).
     # Fitted to the seed's tuned layout (2,499.5 tokens/s/GPU on 8 x H200).

@@ -94,7 +94,7 @@ class MemoryEstimate:
         return f"does not fit: {where} > {self.capacity_gib:.1f} GiB capacity"
 
 
-def optimizer_bytes(layout: Layout) -> tuple[float, float, float, float]:
+def optimizer_bytes(layout: Layout, fp32_training: bool = False) -> tuple[float, float, float, float]:
     """(weight, grad, GPU optimizer, host optimizer) bytes per parameter held by a GPU.
 
     Megatron's table (docs dist_optimizer.md): bf16 params 2 + fp32 main grads 4 + fp32 master, m, v 12
@@ -103,6 +103,8 @@ def optimizer_bytes(layout: Layout) -> tuple[float, float, float, float]:
     host memory as fp32 param, grad, m, v (16 bytes; cpu_offloading/hybrid_optimizer.py).
     """
     d = layout.dp * layout.cp if layout.distributed_optimizer else 1
+    if fp32_training:  # the torch runner on CPU: fp32 params and grads, Adam m and v (ZeroRedundancyOptimizer)
+        return FP32, FP32, 8 / d, 0.0
     states = (2 + 4 + 4) if layout.precision_aware_optimizer else (4 + 4 + 4)
     frac = layout.offload_fraction if layout.optimizer_cpu_offload else 0.0
     return BF16, FP32, (1 - frac) * states / d, frac * 16 / d
@@ -126,7 +128,9 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload
     b = batching(layout, workload, engine)
     shape = Shape(layout.tp, layout.sp, layout.cp, b.tokens_per_gpu, workload.seq_length)
     costs = layer_costs(model, engine, shape)
-    w_b, g_b, o_b, h_b = optimizer_bytes(layout)
+    cpu = cluster.gpu.is_cpu
+    w_b, g_b, o_b, h_b = optimizer_bytes(layout, fp32_training=cpu)
+    act_scale = 2.0 if cpu else 1.0  # activations are fp32 on CPU, bf16 on GPU
     ranges = chunk_ranges(layout, model.num_layers)
     p = layout.pp
     stages: list[StageMemory] = []
@@ -174,7 +178,7 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload
         transient = rebuilt + worst_layer
         if first:
             transient = max(transient, BF16 * model.embedding_params / layout.tp)
-        acts = coef.activation_factor * (inflight * stored + transient)
+        acts = act_scale * coef.activation_factor * (inflight * stored + transient)
         logits = 0.0
         if last:
             logits = engine.logits_bytes_per_element * b.tokens_per_gpu * model.vocab / layout.tp
@@ -182,11 +186,15 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload
         stages.append(StageMemory(
             stage=r, layers=n_layers, params=params,
             weights_gib=params * w_b / GiB, grads_gib=params * g_b / GiB, optimizer_gib=params * o_b / GiB,
-            activations_gib=acts / GiB, logits_gib=logits / GiB, overhead_gib=coef.fixed_overhead_gib,
+            activations_gib=acts / GiB, logits_gib=logits / GiB,
+            overhead_gib=coef.cpu_process_overhead_gib if cpu else coef.fixed_overhead_gib,
             host_optimizer_gib=params * h_b / GiB, inflight_microbatches=inflight,
         ))
     # host memory per node: GPUs of a node are spread over stages; take the mean stage times GPUs per node
     per_gpu_host = sum(s.host_optimizer_gib for s in stages) / len(stages)
     host_needed = per_gpu_host * cluster.gpus_per_node
     host_cap = 0.9 * cluster.gpu.host_memory_bytes / GiB  # leave 10% for the OS, Ray and data loaders
-    return MemoryEstimate(stages, cluster.gpu.capacity_gib, host_cap, host_needed, b)
+    capacity = cluster.gpu.capacity_gib
+    if cpu:  # CPU workers share the host's memory
+        capacity /= cluster.gpus_per_node
+    return MemoryEstimate(stages, capacity, host_cap, host_needed, b)

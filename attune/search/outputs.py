@@ -101,7 +101,9 @@ def build_recipe(cfg: TuneConfig, out: TuneOutcome) -> dict:
     recipe = {
         "schema_version": 1,
         "model": model.name,
-        "gpu": {"type": cluster.type_key, "memory_gb": _gpu_marketing_gb(cluster.gpu.name), "count": cluster.world_size,
+        "gpu": {"type": cluster.type_key,
+                "memory_gb": _gpu_marketing_gb(cluster.gpu.name) or round(cluster.gpu.memory_bytes / 1e9),
+                "count": cluster.world_size,
                 "per_node": cluster.gpus_per_node, "instance": None},
         "author": {"name": "attune", "url": None},
         "status": "measured" if measured else "predicted",
@@ -138,7 +140,7 @@ def _stack(cfg: TuneConfig, measured: bool) -> dict:
     if cfg.runner.name == "torch":
         try:
             import torch
-            s["pytorch"] = torch.__version__
+            s["pytorch"] = str(torch.__version__)
         except ImportError:
             pass
     s["source"] = "the tuning process's environment"
@@ -199,12 +201,29 @@ def write_report(cfg: TuneConfig, out: TuneOutcome, out_dir: Path, recipe: dict 
     top = sorted([t for t in out.study.get_trials(deepcopy=False) if t.user_attrs.get("role") and t.value is not None],
                  key=lambda t: -t.value)[:10]
     if top:
-        L.append("## Measured trials (best first)\n")
-        L.append("| trial | layout | tokens/s/GPU | predicted tokens/s/GPU | predicted peak GiB (stage) |\n|---|---|---|---|---|")
+        L.append("## Measured trials (best first), predicted against measured\n")
+        L.append("| trial | layout | tokens/s/GPU | predicted tokens/s/GPU | error | peak GiB (max stage) | "
+                 "predicted peak GiB (stage) | error |\n|---|---|---|---|---|---|---|---|")
+        errs_t, errs_m = [], []
         for t in top:
-            L.append(f"| {t.number} | {t.user_attrs.get('label')} | {t.value:,.1f} | "
-                     f"{t.user_attrs.get('predicted_tokens_per_s_per_gpu'):,.1f} | "
-                     f"{t.user_attrs.get('predicted_peak_gib'):.1f} ({t.user_attrs.get('predicted_peak_stage')}) |")
+            pt = t.user_attrs.get("predicted_tokens_per_s_per_gpu")
+            pm = t.user_attrs.get("predicted_peak_gib")
+            mm = max(t.user_attrs.get("measured_peak_gib") or [0]) if t.user_attrs.get("measured") else None
+            et = 100 * (pt - t.value) / t.value if pt else None
+            em = 100 * (pm - mm) / mm if (mm and pm) else None
+            if measured and et is not None:
+                errs_t.append(abs(et))
+            if em is not None:
+                errs_m.append(abs(em))
+            L.append(f"| {t.number} | {t.user_attrs.get('label')} | {t.value:,.1f} | {pt:,.1f} | "
+                     f"{'' if et is None or not measured else f'{et:+.1f}%'} | {'' if mm is None else f'{mm:.3f}'} | "
+                     f"{pm:.3f} ({t.user_attrs.get('predicted_peak_stage')}) | {'' if em is None else f'{em:+.1f}%'} |")
+        if errs_t or errs_m:
+            L.append("")
+            L.append("Model error on measured trials (mean absolute): "
+                     + (f"throughput {sum(errs_t) / len(errs_t):.1f}%" if errs_t else "")
+                     + ("; " if errs_t and errs_m else "")
+                     + (f"peak memory {sum(errs_m) / len(errs_m):.1f}%" if errs_m else "") + ".")
         L.append("")
     L.append("## Plots\n")
     for title, name in plots:

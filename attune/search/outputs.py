@@ -176,6 +176,9 @@ def write_report(cfg: TuneConfig, out: TuneOutcome, out_dir: Path, recipe: dict 
             L.append(f" MFU {r['mfu']:.4f}; {r['usd_per_million_tokens']:.3f} USD per million tokens at "
                      f"{cfg.cluster.gpu.usd_per_hour:.2f} USD/GPU-hour.")
         L.append("\n")
+        if recipe and recipe.get("correctness"):
+            c = recipe["correctness"]
+            L.append(f"Correctness: **{c.get('result')}** ({c.get('summary', '')}); recipe status `{recipe.get('status')}`.\n")
     if base is not None:
         L.append("## Baseline\n")
         if base.value is not None:

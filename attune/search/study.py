@@ -185,6 +185,7 @@ def run_study(cfg: TuneConfig, progress=None) -> TuneOutcome:
     fail_stale_trials(study)
     model, cluster, wl, eng, space = cfg.model, cfg.cluster, cfg.workload, cfg.engine, cfg.space
     dists = space.distributions()
+    host, pid = socket.gethostname(), os.getpid()
     capacity = cluster.gpu.capacity_gib
     usable = capacity * (1.0 - cfg.headroom)
 
@@ -284,6 +285,8 @@ def run_study(cfg: TuneConfig, progress=None) -> TuneOutcome:
         pool: list[tuple[float, dict]] = []
         for _ in range(cfg.candidates):
             t = study.ask()
+            t.set_user_attr("host", host)
+            t.set_user_attr("pid", pid)
             params = space.suggest(t)
             t.set_user_attr("kind", KIND_EST)
             try:

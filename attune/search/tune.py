@@ -112,6 +112,15 @@ def run_tune(args) -> int:
     recipe = build_recipe(cfg, out)
     rp = cfg.out_dir / "recipe.yaml"
     write_recipe(recipe, rp)
+    if cfg.runner.measured and not args.no_verify:
+        from ..verify import apply_result, verify_recipe
+        con.print("verifying the winner against the baseline layout (convergence + component tests)", highlight=False)
+        res = verify_recipe(recipe, cfg.runner, reference_layout=cfg.baseline, steps=cfg.workload.steps,
+                            workdir=cfg.out_dir / "verify", log=lambda m: con.print(m, highlight=False, markup=False),
+                            reference_source=f"the study's baseline layout ({cfg.baseline.label()})")
+        recipe = apply_result(recipe, res)
+        write_recipe(recipe, rp)
+        con.print(f"correctness: {recipe['correctness']['result']}; status {recipe['status']}", highlight=False)
     errors = [f for f in lint(recipe) if f.severity == "error"]
     write_csv(out.study, cfg.out_dir / "trials.csv")
     report = write_report(cfg, out, cfg.out_dir, recipe)

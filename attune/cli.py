@@ -252,6 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--steps", type=int, default=None, help="training steps per measured trial")
     s.add_argument("--timeout", type=float, default=None, help="seconds per trial before it is killed")
     s.add_argument("--cluster", default=None, help="cluster YAML for the slime runner")
+    s.add_argument("--trial-kind", default="slime", choices=["slime", "torch"],
+                   help="slime runner: what each Ray job runs (torch: the torch runner's trial, for local Ray heads)")
     s.add_argument("--memory-headroom", type=float, default=0.02,
                    help="fraction of GPU memory kept free when judging a predicted fit (default 0.02)")
     s.add_argument("--no-verify", action="store_true", help="skip the correctness check of the winner")

@@ -301,3 +301,29 @@ def test_job_past_its_timeout_is_stopped(cluster_file, marker, tmp_path, first_r
         time.sleep(0.5)
     assert _processes_with_env(marker) == []  # torchrun and its workers are gone too
     assert (tmp_path / "log.txt").exists() and (tmp_path / "result.json").exists()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_RAY, reason="ray is not installed: pip install 'attune[ray]'")
+def test_tune_study_through_local_ray_head(cluster_file, tmp_path):
+    """The whole study with the slime runner's Ray Jobs path, each trial the torch runner's run as a Ray job."""
+    import optuna
+
+    from attune.cli import main
+    from attune.recipe import lint, load_recipe
+
+    out = tmp_path / "ray-study"
+    rc = main(["tune", "--model", "tiny-llama", "--gpus", "2xcpu", "--runner", "slime", "--trial-kind", "torch",
+               "--cluster", str(cluster_file), "--trials", "2", "--steps", "6", "--candidates", "8",
+               "--out", str(out), "--no-copy", "--no-verify"])
+    assert rc == 0
+    s = optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'study.db'}")
+    measured = [t for t in s.trials if t.user_attrs.get("role")]
+    assert len([t for t in measured if t.state == optuna.trial.TrialState.COMPLETE]) == 2
+    assert all(t.user_attrs["runner"] == "slime" for t in measured)
+    r = load_recipe(out / "recipe.yaml")
+    assert r["status"] == "measured" and r["result"]["tokens_per_s_per_gpu"] > 0
+    assert not [f for f in lint(r) if f.severity == "error"]
+    # each trial left its Ray job's log behind
+    assert any(p.name == "log.txt" and p.stat().st_size > 0 for p in (out / "trials").rglob("log.txt"))

@@ -32,10 +32,11 @@ def repo_root() -> Path:
 def build_config(args) -> TuneConfig:
     model = load_model(args.model)
     cluster = parse_cluster(args.gpus, args.gpus_per_node, args.price)
-    engine = get_engine("torch" if args.runner == "torch" else args.engine)
-    d = RUNNER_DEFAULTS[args.runner]
+    torch_trials = args.runner == "torch" or (args.runner == "slime" and getattr(args, "trial_kind", "slime") == "torch")
+    engine = get_engine("torch" if torch_trials else args.engine)
+    d = RUNNER_DEFAULTS["torch" if torch_trials else args.runner]
     wl = Workload()
-    if args.runner == "torch":
+    if torch_trials:
         wl = Workload(seq_length=256, global_batch=8, steps=20, window=(5, 19), lr=3e-3, min_lr=3e-4)
     kw = {}
     if args.seq:
@@ -50,14 +51,18 @@ def build_config(args) -> TuneConfig:
     from dataclasses import replace
     wl = replace(wl, **kw)
     space_path = args.search_space
-    if space_path is None and args.runner == "torch":
+    if space_path is None and torch_trials:
         space_path = str(Path(__file__).resolve().parents[2] / "search_spaces" / "small.yaml")
     space = load_space(space_path)
     runner_opts = {}
-    if args.runner == "slime" and args.cluster:
-        runner_opts["cluster_file"] = args.cluster
+    if args.runner == "slime":
+        if not args.cluster:
+            raise StudyError("the slime runner needs --cluster cluster.yaml (format: docs/cluster.md)")
+        # the study name goes into every Ray submission id, so a resubmission finds this study's job only
+        study_id = args.study_name or f"{model.name}-{cluster.spec}-{space.name}-seed{args.seed}"
+        runner_opts.update(cluster_file=args.cluster, trial_kind=getattr(args, "trial_kind", "slime"), study=study_id)
     runner = get_runner(args.runner, **runner_opts)
-    max_tp = 1 if args.runner == "torch" else None
+    max_tp = 1 if torch_trials else None
     base, note = baseline_layout(model, cluster, wl, engine, max_tp=max_tp, max_cp=max_tp)
     date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
     out = Path(args.out) if args.out else repo_root() / "reports" / f"{model.name}-{cluster.spec}-{date}"

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import optuna
 
 from ..calibration import DEFAULT, Coefficients
@@ -50,7 +51,8 @@ class TuneConfig:
     baseline: Layout
     baseline_note: str
     trials: int = 20
-    candidates: int = 48  # proposals estimated per measurement slot
+    candidates: int = 48  # TPE proposals estimated (and recorded as trials) per measurement slot
+    random_starts: int = 400  # uniform draws scored by the model per slot, the best 5 refined
     slack: float = 0.8
     seed: int = 0
     storage: str = ""
@@ -133,6 +135,11 @@ def _measured(study: optuna.Study, states=None) -> list[optuna.trial.FrozenTrial
 
 
 def _layout_key(d: dict) -> tuple:
+    """Identity of a layout for "already measured": uniform recompute in groups of N recomputes every layer
+    whatever N, so N does not make a different layout worth another measurement."""
+    d = dict(d)
+    if d.get("recompute_method") == "uniform":
+        d["recompute_num_layers"] = 0
     return tuple(sorted(d.items()))
 
 
@@ -348,7 +355,13 @@ def run_study(cfg: TuneConfig, progress=None) -> TuneOutcome:
                 cache[key] = float("-inf") if bad else e.perf.tokens_per_s_per_gpu
             return cache[key]
 
-        for _, params in sorted(pool, key=lambda x: -x[0])[:3]:
+        # starting points: the best TPE proposals, and the best of a uniform draw scored by the model
+        rng = np.random.default_rng([cfg.seed, len(study.trials)])
+        draws = [space.random_params(rng) for _ in range(cfg.random_starts)]
+        counts["refined"] += len(draws)
+        scored = sorted(((score(p), p) for p in draws), key=lambda x: -x[0])
+        starts = [p for _, p in sorted(pool, key=lambda x: -x[0])[:3]] + [p for sc, p in scored[:5] if sc > float("-inf")]
+        for params in starts:
             p2, sc, n = refine(params, score, space)
             counts["refined"] += n
             if sc > float("-inf") and (best_pred is None or sc >= cfg.slack * best_pred) and (pick is None or sc > pick[0]):

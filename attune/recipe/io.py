@@ -222,3 +222,12 @@ def write_recipe(recipe: dict, path: str | Path, header: str | None = None) -> P
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(text, encoding="utf-8")
     return p
+
+
+def get_path(d: Any, *keys: str) -> Any:
+    """recipe["a"]["b"]... or None where a level is missing or not a mapping."""
+    for k in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d

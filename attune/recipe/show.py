@@ -5,18 +5,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .io import get_path
+
 __all__ = ["summarize", "summary_rows", "render"]
 
 # A notes line that reports a gain, e.g. "ATTUNE tuned it to 2,499.5 (+163%)".
 _GAIN_RE = re.compile(r"[+-]\d+(?:\.\d+)?\s*%|\b\d+(?:\.\d+)?x faster\b")
 
 
-def _get(d: Any, *keys: str) -> Any:
-    for k in keys:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(k)
-    return d
+_get = get_path
 
 
 def _num(v: Any, fmt: str) -> str | None:

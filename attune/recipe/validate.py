@@ -18,7 +18,7 @@ from typing import Any, Iterable
 import yaml
 from jsonschema import Draft202012Validator
 
-from .io import load_schema, to_jsonable
+from .io import load_schema, to_jsonable, get_path
 from .runblock import RunBlock, is_expansion, parse_run
 
 __all__ = ["Finding", "schema_errors", "lint", "load_known_flags", "has_errors"]
@@ -168,12 +168,7 @@ def load_known_flags() -> dict[str, Any]:
     return {"flags": flags, "origin": origin, "prefixes": dict(data.get("prefixes") or {})}
 
 
-def _get(d: Any, *keys: str) -> Any:
-    for k in keys:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(k)
-    return d
+_get = get_path
 
 
 def _is_int(v: Any) -> bool:

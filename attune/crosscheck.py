@@ -1,0 +1,64 @@
+"""Cross-check attune's parameter counts against megatron-core's own modules, built on the meta device.
+
+Optional extra `megatron` (megatron-core 0.16.1, the newest for Python 3.11). Llama-style and GPT-2 style
+models use megatron-core's local (non-Transformer-Engine) layer spec; the Qwen3.5 Gated DeltaNet spec in
+megatron-core needs Transformer Engine, which exists only on GPU images, so the hybrid is not cross-checked
+here (its counts are checked against the reference's hand count and the torch runner's modules).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from .models import ModelSpec
+
+
+class CrossCheckError(RuntimeError):
+    pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def megatron_param_count(model: ModelSpec) -> int:
+    """Total parameters of `model` as megatron-core's GPTModel builds it (TP = PP = 1, meta device)."""
+    try:
+        import warnings
+
+        import torch
+        import torch.distributed as dist
+        import torch.nn.functional as F
+        warnings.filterwarnings("ignore", module="megatron")
+        from megatron.core import parallel_state
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.core.transformer.transformer_config import TransformerConfig
+    except ImportError as e:
+        raise CrossCheckError(f"the cross-check needs the optional extra: pip install 'attune[megatron]' ({e.name})") from None
+    if model.family == "qwen3_5":
+        raise CrossCheckError("megatron-core's Gated DeltaNet spec needs Transformer Engine; not cross-checked on CPU")
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
+    llama = model.family == "llama"
+    cfg = TransformerConfig(
+        num_layers=model.num_layers, hidden_size=model.hidden, ffn_hidden_size=model.ffn,
+        num_attention_heads=model.heads, num_query_groups=model.kv_heads, kv_channels=model.head_dim,
+        gated_linear_unit=llama, activation_func=F.silu if llama else F.gelu,
+        normalization="RMSNorm" if llama else "LayerNorm", add_bias_linear=not llama, add_qkv_bias=model.attn_bias,
+        qk_layernorm=model.qk_norm, use_cpu_initialization=True, perform_initialization=False,
+        params_dtype=torch.bfloat16)
+    spec = get_gpt_layer_local_spec(normalization=cfg.normalization, qk_layernorm=model.qk_norm)
+    with torch.device("meta"):
+        m = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=model.vocab,
+                     max_sequence_length=model.max_positions,
+                     position_embedding_type="rope" if model.positions == "rope" else "learned_absolute",
+                     share_embeddings_and_output_weights=model.tied_embeddings)
+    return sum(p.numel() for p in m.parameters())

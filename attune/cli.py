@@ -252,6 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--steps", type=int, default=None, help="training steps per measured trial")
     s.add_argument("--timeout", type=float, default=None, help="seconds per trial before it is killed")
     s.add_argument("--cluster", default=None, help="cluster YAML for the slime runner")
+    s.add_argument("--data", default=None,
+                   help="packed rows (parquet from attune data build) for measured trials; default: seeded synthetic rows")
     s.add_argument("--trial-kind", default="slime", choices=["slime", "torch"],
                    help="slime runner: what each Ray job runs (torch: the torch runner's trial, for local Ray heads)")
     s.add_argument("--memory-headroom", type=float, default=0.02,

@@ -106,8 +106,12 @@ def optimizer_bytes(layout: Layout, fp32_training: bool = False) -> tuple[float,
     if fp32_training:  # the torch runner on CPU: fp32 params and grads, Adam m and v (ZeroRedundancyOptimizer)
         return FP32, FP32, 8 / d, 0.0
     states = (2 + 4 + 4) if layout.precision_aware_optimizer else (4 + 4 + 4)
+    grad = FP32
+    if layout.precision == "fp16" and not layout.precision_aware_optimizer:
+        # fp16 params and grads; the optimizer keeps an fp32 copy of its grad shard: 4 + 16/d (dist_optimizer.md)
+        grad, states = BF16, 4 + 4 + 4 + 4
     frac = layout.offload_fraction if layout.optimizer_cpu_offload else 0.0
-    return BF16, FP32, (1 - frac) * states / d, frac * 16 / d
+    return BF16, grad, (1 - frac) * states / d, frac * 16 / d
 
 
 def _inflight(layout: Layout, rank: int, m: int) -> float:

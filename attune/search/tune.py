@@ -79,7 +79,7 @@ def build_config(args) -> TuneConfig:
                       baseline=base, baseline_note=note, trials=args.trials or d["trials"],
                       candidates=args.candidates or d["candidates"], slack=args.slack, seed=args.seed,
                       storage=storage, study_name=name, out_dir=out, timeout_s=args.timeout,
-                      headroom=args.memory_headroom)
+                      headroom=args.memory_headroom, data_path=getattr(args, "data", None))
 
 
 def run_tune(args) -> int:

@@ -1,0 +1,35 @@
+from pathlib import Path
+
+from attune.cli import main
+from attune.recipe import parse_run
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+def test_slime_command_for_seed_recipe(capsys):
+    assert main(["slime", "command", "--recipe", str(FIX / "seed_recipe.yaml")]) == 0
+    out = capsys.readouterr().out
+    rb = parse_run(out)
+    flags = dict(rb.flags)
+    assert rb.entrypoint[-1] == "train_async.py"
+    assert flags["--decoder-first-pipeline-num-layers"] == "16" and flags["--recompute-num-layers"] == "12"
+    assert flags["--hf-checkpoint"] == "$HF_CKPT"
+
+
+def test_slime_parse_log_exit_codes(capsys):
+    logs = FIX / "slime_logs"
+    assert main(["slime", "parse-log", str(logs / "success_20steps.log"), "--gpus", "8"]) == 0
+    assert "tokens/s/GPU" in capsys.readouterr().out
+    assert main(["slime", "parse-log", str(logs / "oom_step2_last_stage.log"), "--gpus", "8"]) == 1
+    assert main(["slime", "parse-log", "/nonexistent.log", "--gpus", "8"]) == 2
+
+
+def test_fp16_optimizer_bytes():
+    from attune.layout import Layout
+    from attune.memory import optimizer_bytes
+
+    # Megatron's table: bf16 6 + 12/d, fp16 4 + 16/d with the distributed optimizer
+    w, g, o, h = optimizer_bytes(Layout(dp=4))
+    assert (w + g, o) == (6, 3)
+    w, g, o, h = optimizer_bytes(Layout(dp=4, precision="fp16"))
+    assert (w + g, o) == (4, 4)

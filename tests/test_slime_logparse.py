@@ -207,8 +207,14 @@ def test_probe_on_cpu_machine(monkeypatch):
     assert p["pytorch"] == torch.__version__
     if torch.version.cuda is None:  # CPU build: no CUDA build, no NCCL
         assert p["pytorch_cuda"] is None and p["nccl"] is None
-    for absent in ("transformer_engine", "megatron_core", "megatron_lm_commit", "slime_commit", "deepep"):
+    for absent in ("transformer_engine", "megatron_lm_commit", "slime_commit", "deepep"):
         assert p[absent] is None, absent
+    try:  # megatron-core is an optional extra (attune[megatron]); the probe reports it when installed
+        from importlib.metadata import version
+        expected = version("megatron-core")
+    except Exception:
+        expected = None
+    assert p["megatron_core"] == expected
     json.dumps(p, allow_nan=False)
 
 

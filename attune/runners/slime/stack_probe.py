@@ -104,8 +104,14 @@ def _package_dir(module: str) -> str | None:
 
 
 def _git_commit(env_var: str, module: str) -> str | None:
-    for d in (os.environ.get(env_var), _package_dir(module)):
+    for d, from_import in ((os.environ.get(env_var), False), (_package_dir(module), True)):
         if d and os.path.isdir(d):
+            if from_import:
+                # the package must sit at the top of its own checkout; a package installed into site-packages
+                # inside some other git repository (a pyenv checkout, a venv in a project) is not one
+                top = _run(["git", "rev-parse", "--show-toplevel"], cwd=d)
+                if not top or os.path.realpath(top) != os.path.realpath(d):
+                    continue
             commit = _run(["git", "rev-parse", "HEAD"], cwd=d)
             if commit and re.fullmatch(r"[0-9a-f]{40}", commit):
                 return commit

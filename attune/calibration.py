@@ -32,6 +32,9 @@ class Coefficients:
     # GEMM size (smallest of m, n, k) at which efficiency reaches 1 - 1/e of its maximum: tile/wave
     # quantisation on 132-SM Hopper with 128x256 tiles. Literature value, not fitted.
     gemm_half_dim: float = 384.0
+    # The same on CPU workers: oneDNN/MKL sgemm kernels block for L1/L2 caches and reach most of their peak
+    # with ~64-wide panels. Not fitted.
+    cpu_gemm_half_dim: float = 64.0
     # FlashAttention forward+backward fraction of peak (FA2/FA3 on H100 bf16 reach 0.35-0.75); not fitted.
     attention_efficiency: float = 0.45
     # FLA chunked gated-delta-rule kernels: far below GEMM efficiency (reference slime-and-qwen.md 4.4);

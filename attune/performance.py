@@ -11,7 +11,7 @@ megatron-memory-and-performance.md sections 6-8.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .calibration import DEFAULT, Coefficients
 from .costs import BF16, FP32, LayerCost, Shape, layer_costs, logits_flops, mix
@@ -94,6 +94,8 @@ def _layer_time(c: LayerCost, peak: float, hbm: float, tp_bw: float, cp_bw: floa
 def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workload, engine: Engine,
                          coef: Coefficients = DEFAULT) -> PerfEstimate:
     gpu = cluster.gpu
+    if gpu.is_cpu:  # CPU BLAS reaches its peak at far smaller GEMMs than GPU tiles do
+        coef = replace(coef, gemm_half_dim=coef.cpu_gemm_half_dim)
     peak = gpu.bf16_tflops * 1e12
     hbm = gpu.hbm_gbps * 1e9
     b = batching(layout, workload, engine)

@@ -68,7 +68,7 @@ def _full(m: ModelSpec, e: Engine, s: Shape) -> LayerCost:
     return LayerCost(
         act_bytes=act, input_bytes=T * BF16 * h / hd, gemm=gemm, attn_flops=attn, gdn_flops=0.0,
         tp_coll_fwd=(4 if s.sp else 2) if t > 1 else 0, tp_coll_bwd=(4 if s.sp else 2) if t > 1 else 0,
-        tp_coll_bytes=BF16 * T * h * (s.cp if False else 1), tp_allreduce=not s.sp, cp_bytes=kv_cp,
+        tp_coll_bytes=BF16 * T * h, tp_allreduce=not s.sp, cp_bytes=kv_cp,
         params_on_gpu=p.matrix / t + p.vectors,
     )
 

@@ -18,7 +18,6 @@ from .costs import BF16, FP32, LayerCost, Shape, layer_costs, logits_flops, mix
 from .engines import Engine
 from .hardware import Cluster
 from .layout import Layout, Workload, batching, chunk_ranges
-from .memory import optimizer_bytes
 from .models import FULL, LINEAR, ModelSpec
 
 
@@ -153,8 +152,6 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
 
     # DP: gradient reduce-scatter (fp32) + parameter all-gather (bf16) with the distributed optimizer, else an
     # fp32 all-reduce; over DP x CP ranks. slime does not overlap them (no --overlap-grad-reduce in its scripts).
-    from .memory import estimate_memory  # noqa: local import keeps module import order simple
-
     params = _stage_params(model, layout, ranges, costs)
     d = layout.dp * layout.cp
     dp_s = 0.0
@@ -164,7 +161,6 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
         dp_s = max(params) * vol / bw + 2 * coef.collective_latency_s
         dp_s *= 1.0 if engine.name != "megatron" else 0.3  # Megatron recipes overlap grad reduce / param gather
     # optimizer step
-    _, _, o_b, h_b = optimizer_bytes(layout)
     shard = max(params) / (d if layout.distributed_optimizer else 1)
     frac = layout.offload_fraction if layout.optimizer_cpu_offload else 0.0
     gpu_opt = (1 - frac) * shard * 30 / (hbm * coef.hbm_efficiency)  # Adam: ~30 bytes of HBM traffic per param

@@ -100,7 +100,7 @@ def plot_study(cfg, out, out_dir) -> list[tuple[str, str]]:
 
     # 3. predicted throughput of every feasible candidate
     feas = [(t.user_attrs["predicted_peak_gib"], t.user_attrs["predicted_tokens_per_s_per_gpu"])
-            for t in trials if "predicted_tokens_per_s_per_gpu" in t.user_attrs]
+            for t in trials if "predicted_tokens_per_s_per_gpu" in t.user_attrs and "predicted_peak_gib" in t.user_attrs]
     if feas:
         cap = cfg.cluster.gpu.capacity_gib
         fig, ax = plt.subplots(figsize=(7, 4))

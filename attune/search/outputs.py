@@ -10,7 +10,7 @@ import optuna
 
 from ..estimate import estimate
 from ..layout import Layout, batching, to_recipe_block
-from .study import ROLE_BASELINE, TuneConfig, TuneOutcome, study_counts
+from .study import TuneConfig, TuneOutcome, study_counts
 
 CSV_FIELDS = ["number", "state", "role", "kind", "runner", "label", "tp", "sp", "pp", "first", "last", "vpp", "cp", "dp",
               "recompute_granularity", "recompute_method", "recompute_num_layers", "optimizer_cpu_offload",
@@ -201,7 +201,8 @@ def write_report(cfg: TuneConfig, out: TuneOutcome, out_dir: Path, recipe: dict 
                      ("measured_failed", "  failed or timed out")):
         L.append(f"| {label} | {counts[k]} |")
     L.append(f"\nWall time of this session: {out.wall_s:.1f} s. {('Stopped early: ' + out.stopped + '.') if out.stopped else ''}\n")
-    top = sorted([t for t in out.study.get_trials(deepcopy=False) if t.user_attrs.get("role") and t.value is not None],
+    top = sorted([t for t in out.study.get_trials(deepcopy=False) if t.user_attrs.get("role") and t.value is not None
+                  and "predicted_peak_gib" in t.user_attrs],
                  key=lambda t: -t.value)[:10]
     if top:
         L.append("## Measured trials (best first), predicted against measured\n")

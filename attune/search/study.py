@@ -12,6 +12,7 @@ out of memory for real, FAIL if it crashed or hung. The first measured trial is 
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import socket
 import time
@@ -33,6 +34,7 @@ from .space import SearchSpace
 ROLE_BASELINE, ROLE_CANDIDATE = "baseline", "candidate"
 KIND_INVALID, KIND_OOM, KIND_RULE, KIND_DUP, KIND_SLOW, KIND_EST = (
     "invalid", "oom-predicted", "oom-monotone-rule", "duplicate", "skipped-slow", "estimated")
+ORPHAN_AGE_S = 2.0  # seconds after which an untagged RUNNING trial is taken as abandoned
 INVALID_PENALTY = 1000.0  # constraint value of a layout that breaks a rule: worse than any memory overflow
 
 
@@ -121,8 +123,14 @@ def fail_stale_trials(study: optuna.Study) -> int:
     """Trials left RUNNING by a tuner on this host that was killed: recorded as FAIL ('interrupted')."""
     n = 0
     host = socket.gethostname()
+    now = dt.datetime.now()
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        if t.user_attrs.get("host") == host and not _pid_alive(int(t.user_attrs.get("pid", 0))):
+        # a live tuner tags a trial with its host and pid milliseconds after asking for it: an untagged trial
+        # older than a few seconds was left by a tuner killed in between
+        orphan = "host" not in t.user_attrs and t.datetime_start is not None and \
+            (now - t.datetime_start).total_seconds() > ORPHAN_AGE_S
+        dead = t.user_attrs.get("host") == host and not _pid_alive(int(t.user_attrs.get("pid", 0)))
+        if orphan or dead:
             study._storage.set_trial_user_attr(t._trial_id, "reason", "interrupted: the tuner was killed")
             study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
             n += 1
@@ -385,6 +393,7 @@ def run_study(cfg: TuneConfig, progress=None) -> TuneOutcome:
             b = best_measured()
             progress(f"best {b.value:,.1f} tokens/s/GPU ({b.user_attrs.get('label')})" if b else "no measured result yet",
                      advance=n_complete())
+    fail_stale_trials(study)  # orphans too young to judge at the start
     baseline = next((t for t in _measured(study) if t.user_attrs.get("role") == ROLE_BASELINE), None)
     return TuneOutcome(study, baseline, best_measured(), counts, time.time() - t0, stopped)
 

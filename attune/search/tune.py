@@ -4,7 +4,6 @@ the recipe, report, plots and trials.csv."""
 from __future__ import annotations
 
 import datetime as dt
-import os
 import shutil
 from pathlib import Path
 

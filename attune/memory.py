@@ -133,7 +133,8 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload
     shape = Shape(layout.tp, layout.sp, layout.cp, b.tokens_per_gpu, workload.seq_length)
     costs = layer_costs(model, engine, shape)
     cpu = cluster.gpu.is_cpu
-    w_b, g_b, o_b, h_b = optimizer_bytes(layout, fp32_training=cpu)
+    # the torch runner keeps fp32 parameters (bf16 autocast on GPU, fp32 on CPU); Megatron/slime keep bf16 ones
+    w_b, g_b, o_b, h_b = optimizer_bytes(layout, fp32_training=cpu or engine.name == "torch")
     act_scale = 2.0 if cpu else 1.0  # activations are fp32 on CPU, bf16 on GPU
     ranges = chunk_ranges(layout, model.num_layers)
     p = layout.pp

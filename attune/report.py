@@ -10,6 +10,8 @@ def print_estimate(est: Estimate, source: str = "", ignored: list[str] | None = 
     from rich.table import Table
 
     con = console or Console()
+    if not con.is_terminal:  # piped or captured: do not squeeze the table into 80 columns
+        con = Console(width=132)
     m, p = est.memory, est.perf
     t = Table(title=f"{est.model.name} on {est.cluster.spec} ({est.engine.name}): {est.layout.label()}")
     cols = ["stage", "layers", "weights", "grads", "optimizer", "activations", "logits", "overhead", "total (GiB)"]

@@ -153,6 +153,3 @@ def fit(coef: "Coefficients | None" = None, observations: list[dict] | None = No
                        "peak_stage": mem.peak_stage})
     return coef, report
 
-
-def with_overrides(c: Coefficients, **kw) -> Coefficients:
-    return replace(c, **kw)

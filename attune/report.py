@@ -42,6 +42,16 @@ def print_estimate(est: Estimate, source: str = "", ignored: list[str] | None = 
 
 
 # ---------------------------------------------------------------------- study plots
+def _save(fig, out_dir, name: str, title: str, made: list) -> None:
+    """Write a figure as out_dir/name (PNG, 110 dpi) and record (title, name) for the report."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(out_dir / name, dpi=110)
+    plt.close(fig)
+    made.append((title, name))
+
+
 def plot_study(cfg, out, out_dir) -> list[tuple[str, str]]:
     """PNG plots beside report.md; returns (title, file name) pairs."""
     import matplotlib
@@ -72,10 +82,7 @@ def plot_study(cfg, out, out_dir) -> list[tuple[str, str]]:
     ax.set_ylabel("tokens/s/GPU")
     ax.set_title("Best so far")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "best_so_far.png", dpi=110)
-    plt.close(fig)
-    made.append(("Best tokens/s/GPU so far over measured trials", "best_so_far.png"))
+    _save(fig, out_dir, "best_so_far.png", "Best tokens/s/GPU so far over measured trials", made)
 
     # 2. memory breakdown of winner and baseline per stage against capacity
     pairs = [(n, t) for n, t in (("winner", out.best), ("baseline", out.baseline)) if t is not None and "layout" in t.user_attrs]
@@ -95,10 +102,7 @@ def plot_study(cfg, out, out_dir) -> list[tuple[str, str]]:
             ax.set_xlabel("pipeline stage")
             ax.set_ylabel("GiB per GPU (predicted)")
         axes[0][0].legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out_dir / "memory_by_stage.png", dpi=110)
-        plt.close(fig)
-        made.append(("Predicted memory per stage against capacity: winner and baseline", "memory_by_stage.png"))
+        _save(fig, out_dir, "memory_by_stage.png", "Predicted memory per stage against capacity: winner and baseline", made)
 
     # 3. predicted throughput of every feasible candidate
     feas = [(t.user_attrs["predicted_peak_gib"], t.user_attrs["predicted_tokens_per_s_per_gpu"])
@@ -117,10 +121,7 @@ def plot_study(cfg, out, out_dir) -> list[tuple[str, str]]:
         ax.set_ylabel("predicted tokens/s/GPU")
         ax.set_title("All estimated candidates")
         ax.legend()
-        fig.tight_layout()
-        fig.savefig(out_dir / "candidates.png", dpi=110)
-        plt.close(fig)
-        made.append(("Predicted throughput and memory of every estimated candidate", "candidates.png"))
+        _save(fig, out_dir, "candidates.png", "Predicted throughput and memory of every estimated candidate", made)
 
     # 4. winner against baseline
     if out.best is not None and out.baseline is not None and out.baseline.value is not None:
@@ -132,8 +133,5 @@ def plot_study(cfg, out, out_dir) -> list[tuple[str, str]]:
             ax.text(i, v, f"{v:,.0f}", ha="center", va="bottom")
         ax.set_ylabel(f"tokens/s/GPU ({kind})")
         ax.set_title(f"{100 * (vals[1] / vals[0] - 1):+.0f}% over the baseline")
-        fig.tight_layout()
-        fig.savefig(out_dir / "winner_vs_baseline.png", dpi=110)
-        plt.close(fig)
-        made.append(("Winner against baseline", "winner_vs_baseline.png"))
+        _save(fig, out_dir, "winner_vs_baseline.png", "Winner against baseline", made)
     return made

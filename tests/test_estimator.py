@@ -1,5 +1,3 @@
-import time
-
 import pytest
 
 from attune.calibration import DEFAULT, OBSERVATIONS, fit
@@ -70,16 +68,3 @@ def test_other_models_plausible():
     lay = Layout(tp=8, sp=True, pp=4, dp=2, recompute_granularity="none", max_tokens_per_gpu=8192)
     e = estimate(m, c, lay, Workload(seq_length=8192, global_batch=256), get_engine("megatron"))
     assert 0.30 < e.perf.mfu < 0.60
-
-
-def test_estimate_speed():
-    """Not a benchmark (see benchmarks/); guards against accidental O(layers^2) blow-ups."""
-    m, c = load_model("Qwen3.6-27B"), parse_cluster("8xH200")
-    from attune.engines import get_engine
-    e = get_engine("slime")
-    lay = Layout(tp=1, pp=4, dp=2, first=16, last=14, recompute_granularity="full", recompute_method="block",
-                 recompute_num_layers=12, max_tokens_per_gpu=8192, precision_aware_optimizer=True)
-    t0 = time.perf_counter()
-    for _ in range(200):
-        estimate(m, c, lay, Workload(), e)
-    assert (time.perf_counter() - t0) / 200 < 0.01

@@ -64,25 +64,26 @@ def _signal_groups(pgids: set[int], sig: int) -> None:
             pass
 
 
-def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL, to torchrun's process group and the process group of every descendant."""
-    pgids = {proc.pid}
-    for c in _children(proc.pid):
+def _child_groups(pid: int) -> set[int]:
+    """Process groups of every live descendant (torchrun starts each worker in a session of its own)."""
+    out = set()
+    for c in _children(pid):
         try:
-            pgids.add(os.getpgid(c))
+            out.add(os.getpgid(c))
         except ProcessLookupError:
             pass
+    return out
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL, to torchrun's process group and the process group of every descendant."""
+    pgids = {proc.pid} | _child_groups(proc.pid)
     _signal_groups(pgids, signal.SIGTERM)
     try:
         proc.wait(timeout=KILL_GRACE_S)
     except subprocess.TimeoutExpired:
         pass
-    for c in _children(proc.pid):
-        try:
-            pgids.add(os.getpgid(c))
-        except ProcessLookupError:
-            pass
-    _signal_groups(pgids, signal.SIGKILL)
+    _signal_groups(pgids | _child_groups(proc.pid), signal.SIGKILL)
     proc.wait()
 
 

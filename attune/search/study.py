@@ -28,7 +28,7 @@ from ..estimate import Estimate, estimate
 from ..hardware import Cluster
 from ..layout import Layout, LayoutError, Workload
 from ..models import ModelSpec
-from ..runners.base import FAILED, OK, OOM, TIMEOUT, Runner, TrialResult, TrialSpec
+from ..runners.base import FAILED, OK, OOM, Runner, TrialResult, TrialSpec
 from .space import SearchSpace
 
 ROLE_BASELINE, ROLE_CANDIDATE = "baseline", "candidate"
@@ -420,5 +420,3 @@ def study_counts(study: optuna.Study) -> dict:
     c["refined"] = int(study.user_attrs.get("refined_estimates", 0))
     return c
 
-
-TIMEOUT_STATUS = TIMEOUT  # re-exported for reports

@@ -8,6 +8,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from attune.errors import AttuneError
+
 EXIT_BAD_INPUT = 2
 
 
@@ -27,7 +29,7 @@ def _add_target_args(p: argparse.ArgumentParser, model_required: bool = True) ->
 
 
 def _workload(args, base=None):
-    from .layout import Workload
+    from attune.spec.layout import Workload
 
     w = base or Workload()
     kw = {}
@@ -39,9 +41,9 @@ def _workload(args, base=None):
 
 
 def _target(args):
-    from .engines import get_engine
-    from .hardware import parse_cluster
-    from .models import load_model
+    from attune.spec.engine import get_engine
+    from attune.spec.hardware import parse_cluster
+    from attune.spec.model import load_model
 
     model = load_model(args.model)
     cluster = parse_cluster(args.gpus, args.gpus_per_node, args.price)
@@ -51,8 +53,9 @@ def _target(args):
 
 def _layout_from_args(args, model, cluster, engine, workload):
     """A layout from --recipe, or from Megatron/slime flags after `--`, or the model's baseline."""
-    from .baselines import baseline_layout
-    from .layout import from_flags, from_recipe_blocks
+    from attune.spec.baselines import baseline_layout
+    from attune.spec.flags import from_flags
+    from attune.recipe.codec import from_recipe_blocks
     from .recipe import load_recipe
 
     ignored: list[str] = []
@@ -60,7 +63,7 @@ def _layout_from_args(args, model, cluster, engine, workload):
         r = load_recipe(args.recipe)
         layout, workload = from_recipe_blocks(r.get("layout") or {}, r.get("workload") or {}, workload)
         workload = _workload(args, workload)
-        from .layout import derive_dp
+        from attune.spec.rules import derive_dp
         layout = replace(layout, dp=derive_dp(cluster.world_size, layout.tp, layout.pp, layout.cp))
         source = f"recipe {args.recipe}"
     elif getattr(args, "flags", None):
@@ -80,7 +83,7 @@ def cmd_models(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from .models import bundled_names, load_model
+    from attune.spec.model import bundled_names, load_model
 
     t = Table(title="bundled models")
     for c in ("name", "family", "layers (full/GDN)", "hidden", "heads/kv", "vocab", "total params", "active params"):
@@ -103,7 +106,7 @@ def cmd_gpus(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from .hardware import GPUS, detect_local_gpus
+    from attune.spec.hardware import GPUS, detect_local_gpus
 
     t = Table(title="GPU types")
     for c in ("type", "name", "memory (GiB)", "BF16 dense (TFLOP/s)", "HBM (GB/s)", "NVLink (GB/s/dir)",
@@ -127,7 +130,7 @@ def cmd_gpus(args) -> int:
 
 
 def cmd_estimate(args) -> int:
-    from .estimate import estimate
+    from attune.estimator import estimate
 
     model, cluster, engine = _target(args)
     workload = _workload(args)
@@ -328,6 +331,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("attune: interrupted", file=sys.stderr)
         return 130
+    except AttuneError as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"attune: error: {msg}", file=sys.stderr)
+        return e.exit_code
     except (CLIError, ValueError, RuntimeError, OSError, ImportError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"attune: error: {msg}", file=sys.stderr)

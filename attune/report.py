@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .estimate import Estimate
+from attune.estimator import Estimate
 
 
 def print_estimate(est: Estimate, source: str = "", ignored: list[str] | None = None, console=None) -> None:
@@ -59,8 +59,8 @@ def plot_study(cfg, out, out_dir) -> list[tuple[str, str]]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .estimate import estimate
-    from .layout import Layout
+    from attune.estimator import estimate
+    from attune.spec.layout import Layout
 
     kind = "measured" if cfg.runner.measured else "predicted"
     trials = out.study.get_trials(deepcopy=False)

@@ -9,6 +9,8 @@ stderr); bad input raises ValueError/RuntimeError, which the CLI turns into exit
 
 from __future__ import annotations
 
+from attune.errors import UserInputError
+
 import datetime as dt
 import json
 import sys
@@ -16,7 +18,9 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from .layout import LayoutError, Workload, check
+from attune.errors import LayoutError
+from attune.spec.layout import Workload
+from attune.spec.rules import check
 
 # The torch runner's default workload: `attune tune --runner torch`'s (attune/search/tune.py build_config):
 # 256-token rows, 8 rows per step, lr 3e-3 decaying to 3e-4, so a tiny model's loss falls in 20 steps.
@@ -25,7 +29,7 @@ TORCH_WORKLOAD = Workload(seq_length=256, global_batch=8, steps=20, window=(5, 1
 RUNS_DIR = Path("reports") / "runs"
 
 
-class RunError(ValueError):
+class RunError(UserInputError):
     """Bad input to `attune run`."""
 
 
@@ -38,9 +42,9 @@ def _window(steps: int, base: tuple[int, int]) -> tuple[int, int]:
 
 def resolve(args):
     """(model, cluster, engine, layout, workload, source) for the run's arguments."""
-    from .baselines import baseline_layout
+    from attune.spec.baselines import baseline_layout
     from .cli import _layout_from_args, _target, _workload
-    from .engines import get_engine
+    from attune.spec.engine import get_engine
 
     if args.steps is None or args.steps < 1:
         raise RunError(f"--steps {args.steps}: must be a positive integer")

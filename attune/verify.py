@@ -21,6 +21,8 @@ raises `VerifyError`, a ValueError the CLI turns into exit 2 with one line).
 
 from __future__ import annotations
 
+from attune.errors import UserInputError
+
 import datetime as dt
 import json
 import math
@@ -32,7 +34,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .layout import Layout, LayoutError, Workload, check, derive_dp, from_recipe_blocks, to_flags
+from attune.spec.layout import Layout, Workload
+from attune.errors import LayoutError
+from attune.spec.rules import check, derive_dp
+from attune.recipe.codec import from_recipe_blocks
+from attune.spec.flags import to_flags
 
 # Arms of the torch runner use the recipe's workload; without one, the small CPU workload of
 # `attune tune --runner torch` (attune/search/tune.py build_config: 256-token rows, batch 8).
@@ -52,7 +58,7 @@ _RUN_HYPER_FLAGS = {"--lr": "lr", "--min-lr": "min_lr", "--lr-warmup-fraction": 
                     "--seed": "seed"}
 
 
-class VerifyError(ValueError):
+class VerifyError(UserInputError):
     """Bad input to verify (missing file, unreadable recipe, a layout the runner cannot run)."""
 
 
@@ -74,9 +80,9 @@ def _round(x: float | None, digits: int = 6) -> float | None:
 # ---------------------------------------------------------------------- recipe -> arms
 def target_of(recipe: dict, runner_name: str):
     """(model, cluster, engine) of a recipe's `model` and `gpu` blocks."""
-    from .engines import get_engine
-    from .hardware import parse_cluster
-    from .models import load_model
+    from attune.spec.engine import get_engine
+    from attune.spec.hardware import parse_cluster
+    from attune.spec.model import load_model
 
     if not isinstance(recipe, dict):
         raise VerifyError("recipe must be a mapping")
@@ -266,7 +272,7 @@ def verify_recipe(recipe: dict, runner="torch", reference_layout: Layout | None 
 
     runner: a runner object or a name ("torch", "slime"). log: a callable for progress lines (default none).
     """
-    from .baselines import baseline_layout
+    from attune.spec.baselines import baseline_layout
     from .correctness.component import run_component_test
     from .recipe import schema_errors
     from .runners.base import RunnerError, get_runner

@@ -1,7 +1,8 @@
 """Refit the calibrated coefficients (attune/calibration.py) to the observations and print them with the
 per-observation predictions. Run by hand: `python benchmarks/calibrate.py`."""
 
-from attune.calibration import DEFAULT, OBSERVATIONS, fit
+from attune.estimator.coefficients import DEFAULT
+from attune.estimator.fit import OBSERVATIONS, fit
 
 if __name__ == "__main__":
     coef, report = fit()

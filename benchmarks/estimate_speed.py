@@ -12,11 +12,12 @@ import os
 import time
 from pathlib import Path
 
-from attune.engines import get_engine
-from attune.estimate import estimate
-from attune.hardware import parse_cluster
-from attune.layout import LayoutError, Workload
-from attune.models import load_model
+from attune.spec.engine import get_engine
+from attune.estimator import estimate
+from attune.spec.hardware import parse_cluster
+from attune.errors import LayoutError
+from attune.spec.layout import Workload
+from attune.spec.model import load_model
 from attune.search.space import load_space
 
 

@@ -22,11 +22,11 @@ import os
 import tempfile
 from pathlib import Path
 
-from attune.engines import get_engine
-from attune.estimate import estimate
-from attune.hardware import parse_cluster
-from attune.layout import Layout, Workload
-from attune.models import load_model
+from attune.spec.engine import get_engine
+from attune.estimator import estimate
+from attune.spec.hardware import parse_cluster
+from attune.spec.layout import Layout, Workload
+from attune.spec.model import load_model
 from attune.runners.base import TrialSpec
 from attune.runners.torch_runner import TorchRunner
 

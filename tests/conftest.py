@@ -1,9 +1,9 @@
 import pytest
 
-from attune.engines import get_engine
-from attune.hardware import parse_cluster
-from attune.layout import Layout, Workload
-from attune.models import load_model
+from attune.spec.engine import get_engine
+from attune.spec.hardware import parse_cluster
+from attune.spec.layout import Layout, Workload
+from attune.spec.model import load_model
 
 SEED = str(__import__("pathlib").Path(__file__).parent / "fixtures" / "seed_recipe.yaml")
 

@@ -1,12 +1,13 @@
 import pytest
 
-from attune.calibration import DEFAULT, OBSERVATIONS, fit
-from attune.estimate import estimate
-from attune.hardware import parse_cluster
-from attune.layout import Layout, Workload
-from attune.memory import estimate_memory
-from attune.models import load_model
-from attune.performance import estimate_performance
+from attune.estimator.coefficients import DEFAULT
+from attune.estimator.fit import OBSERVATIONS, fit
+from attune.estimator import estimate
+from attune.spec.hardware import parse_cluster
+from attune.spec.layout import Layout, Workload
+from attune.estimator.memory import estimate_memory
+from attune.spec.model import load_model
+from attune.estimator.performance import estimate_performance
 
 
 def test_seed_memory_verdicts(qwen, h200x8, slime, seed_cases, seed_workload):
@@ -53,7 +54,7 @@ def test_physics_monotone(qwen, h200x8, slime, seed_workload):
 
 
 def test_megatron_engine_shards_gdn(qwen, h200x8, seed_workload):
-    from attune.engines import get_engine
+    from attune.spec.engine import get_engine
     lay = Layout(tp=4, sp=True, pp=2, dp=1, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     s = estimate_memory(qwen, h200x8, lay, seed_workload, get_engine("slime")).stages[0].params
     m = estimate_memory(qwen, h200x8, lay, seed_workload, get_engine("megatron")).stages[0].params
@@ -62,7 +63,7 @@ def test_megatron_engine_shards_gdn(qwen, h200x8, seed_workload):
 
 def test_other_models_plausible():
     """Published regime: dense Llama training on H100 in bf16 reaches roughly 35-55% MFU."""
-    from attune.engines import get_engine
+    from attune.spec.engine import get_engine
     m = load_model("Llama-3.1-70B")
     c = parse_cluster("64xH100")
     lay = Layout(tp=8, sp=True, pp=4, dp=2, recompute_granularity="none", max_tokens_per_gpu=8192)

@@ -1,6 +1,7 @@
 import pytest
 
-from attune.hardware import GPUS, HardwareError, get_gpu, parse_cluster
+from attune.spec.hardware import GPUS, get_gpu, parse_cluster
+from attune.errors import HardwareError
 
 
 def test_specs():

@@ -1,8 +1,12 @@
 import pytest
 
-from attune.engines import get_engine
-from attune.layout import (Layout, LayoutError, Workload, batching, check, chunk_ranges, from_flags,
-                           from_recipe_blocks, stage_layer_counts, to_flags)
+from attune.spec.engine import get_engine
+from attune.spec.layout import Layout, Workload
+from attune.errors import LayoutError
+from attune.spec.placement import batching, chunk_ranges, stage_layer_counts
+from attune.spec.rules import check
+from attune.spec.flags import from_flags, to_flags
+from attune.recipe.codec import from_recipe_blocks
 from attune.recipe import load_recipe
 
 from .conftest import SEED

@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from attune.models import FULL, LINEAR, ModelError, bundled_names, from_hf_config, load_model
+from attune.spec.model import FULL, LINEAR, bundled_names, from_hf_config, load_model
+from attune.errors import ModelError
 
 
 def test_qwen36_active_params_exact(qwen):
@@ -38,7 +39,7 @@ def test_stage_params_sum_to_total(qwen):
 
 def test_config_path_and_case_insensitive(tmp_path):
     from importlib import resources
-    cfg = json.loads(resources.files("attune").joinpath("model_configs", "Llama-3.1-8B.json").read_text())
+    cfg = json.loads(resources.files("attune.spec").joinpath("model_configs", "Llama-3.1-8B.json").read_text())
     p = tmp_path / "mymodel"
     p.mkdir()
     (p / "config.json").write_text(json.dumps(cfg))

@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attune.engines import get_engine
-from attune.hardware import parse_cluster
-from attune.layout import Layout, Workload
-from attune.models import load_model
+from attune.spec.engine import get_engine
+from attune.spec.hardware import parse_cluster
+from attune.spec.layout import Layout, Workload
+from attune.spec.model import load_model
 from attune.runners.base import OK, TIMEOUT, RunnerError, TrialResult, TrialSpec
 from attune.runners.slime import jobs as jobs_mod
 from attune.runners.slime.jobs import RayJobs, submission_id

@@ -42,7 +42,7 @@ def test_text_output_units(monkeypatch, capsys, tmp_path):
     from attune.runners.base import TrialResult
 
     res = TrialResult(status="oom", measured=True, reason="out of memory on pipeline stage 1", peak_memory_gib=[1.5, 2.25])
-    assert "stage 1 2.25 GiB" in runs.format_result(res, __import__("attune.layout").layout.Layout(dp=2),
+    assert "stage 1 2.25 GiB" in runs.format_result(res, __import__("attune.spec.layout").spec.layout.Layout(dp=2),
                                                     runs.TORCH_WORKLOAD, "test")
 
     class FakeRunner:

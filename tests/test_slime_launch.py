@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from attune.engines import get_engine
-from attune.hardware import parse_cluster
-from attune.layout import Layout, Workload, from_flags, from_recipe_blocks
-from attune.models import load_model
+from attune.spec.engine import get_engine
+from attune.spec.hardware import parse_cluster
+from attune.spec.layout import Layout, Workload
+from attune.spec.flags import from_flags
+from attune.recipe.codec import from_recipe_blocks
+from attune.spec.model import load_model
 from attune.recipe import has_errors, lint, load_recipe, parse_run
 from attune.runners.base import FAILED, OK, OOM, TIMEOUT, TrialResult, TrialSpec
 from attune.runners.slime.cluster import ClusterFileError, load_cluster, parse_cluster_config

@@ -11,10 +11,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attune.engines import get_engine  # noqa: E402
-from attune.hardware import parse_cluster  # noqa: E402
-from attune.layout import Layout, Workload  # noqa: E402
-from attune.models import load_model  # noqa: E402
+from attune.spec.engine import get_engine  # noqa: E402
+from attune.spec.hardware import parse_cluster  # noqa: E402
+from attune.spec.layout import Layout, Workload  # noqa: E402
+from attune.spec.model import load_model  # noqa: E402
 from attune.runners.base import (FAILED, OK, OOM, TIMEOUT, RunnerError, TrialResult, TrialSpec,  # noqa: E402
                                  get_runner, window_metrics)
 from attune.runners.torch_runner import TorchRunner  # noqa: E402

@@ -9,8 +9,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attune.layout import Layout, Workload, stage_layer_counts  # noqa: E402
-from attune.models import load_model  # noqa: E402
+from attune.spec.layout import Layout, Workload
+from attune.spec.placement import stage_layer_counts  # noqa: E402
+from attune.spec.model import load_model  # noqa: E402
 from attune.runners.torch_worker import lr_at  # noqa: E402
 from attune.torchmodels import (build_model, gated_delta_rule_chunked, gated_delta_rule_recurrent,  # noqa: E402
                                 token_loss_sum)

@@ -12,7 +12,8 @@ import pytest
 from attune.cli import main
 from dataclasses import replace
 
-from attune.layout import Workload, stage_layer_counts
+from attune.spec.layout import Workload
+from attune.spec.placement import stage_layer_counts
 from attune.recipe import lint, load_recipe, schema_errors
 from attune.search.space import SearchSpaceError, load_space
 from attune.search.study import ORPHAN_AGE_S
@@ -158,4 +159,4 @@ def test_no_layout_fits(tmp_path, capsys):
     rc = main(["tune", "--model", "Llama-3.1-70B", "--gpus", "1xA100", "--out", str(tmp_path / "x"), "--no-copy",
                "--candidates", "8", "--trials", "3"])
     err = capsys.readouterr().err
-    assert rc == 2 and "no layout fits 1xA100" in err and "smallest shortfall" in err
+    assert rc == 1 and "no layout fits 1xA100" in err and "smallest shortfall" in err

@@ -9,10 +9,12 @@ import pytest
 pytest.importorskip("torch")
 
 from attune.cli import main  # noqa: E402
-from attune.engines import get_engine  # noqa: E402
-from attune.hardware import parse_cluster  # noqa: E402
-from attune.layout import Layout, Workload, batching, to_recipe_block  # noqa: E402
-from attune.models import load_model  # noqa: E402
+from attune.spec.engine import get_engine  # noqa: E402
+from attune.spec.hardware import parse_cluster  # noqa: E402
+from attune.spec.layout import Layout, Workload
+from attune.spec.placement import batching
+from attune.recipe.codec import to_recipe_block  # noqa: E402
+from attune.spec.model import load_model  # noqa: E402
 from attune.recipe import lint, load_recipe, write_recipe  # noqa: E402
 from attune.runners.slime.launch import slime_command  # noqa: E402
 from attune.verify import VerifyError, optimizer_config, verify_recipe, workload_of  # noqa: E402

@@ -9,6 +9,8 @@ unicode kept as is and long lines not folded.
 
 from __future__ import annotations
 
+from attune.errors import RecipeError
+
 import datetime as _dt
 from importlib import resources
 from pathlib import Path
@@ -31,8 +33,6 @@ __all__ = [
 _NO_FOLD_WIDTH = 1 << 20
 
 
-class RecipeError(ValueError):
-    """A recipe file cannot be read. The message is one line and names the file."""
 
 
 def _one_line(text: str) -> str:

@@ -7,22 +7,22 @@ analytic model, never measured), `torch` (real PyTorch runs on local devices via
 
 from __future__ import annotations
 
+from attune.errors import RunnerError
+
 import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from ..engines import Engine
-from ..hardware import Cluster
-from ..layout import Layout, Workload
-from ..models import ModelSpec
+from attune.spec.engine import Engine
+from attune.spec.hardware import Cluster
+from attune.spec.layout import Layout, Workload
+from attune.spec.model import ModelSpec
 
 OK, OOM, FAILED, TIMEOUT = "ok", "oom", "failed", "timeout"
 
 
-class RunnerError(RuntimeError):
-    """A runner that cannot be used here (missing optional dependency, unsupported layout)."""
 
 
 @dataclass

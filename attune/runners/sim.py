@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..calibration import DEFAULT, Coefficients
-from ..estimate import estimate
+from attune.estimator.coefficients import DEFAULT, Coefficients
+from attune.estimator import estimate
 from .base import OK, OOM, TrialResult, TrialSpec
 
 

@@ -24,7 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..layout import check, stage_layer_counts
+from attune.spec.rules import check
+from attune.spec.placement import stage_layer_counts
 from .base import FAILED, OK, OOM, TIMEOUT, RunnerError, TrialResult, TrialSpec, window_metrics
 from .torch_worker import encode_spec
 

@@ -28,9 +28,10 @@ from dataclasses import fields
 from datetime import timedelta
 from pathlib import Path
 
-from ..engines import get_engine
-from ..layout import Layout, Workload, batching, stage_layer_counts
-from ..models import ModelSpec
+from attune.spec.engine import get_engine
+from attune.spec.layout import Layout, Workload
+from attune.spec.placement import batching, stage_layer_counts
+from attune.spec.model import ModelSpec
 
 FAULT_ENV, FAULT_RANK_ENV, FAULT_STEP_ENV = "ATTUNE_TORCH_FAULT", "ATTUNE_TORCH_FAULT_RANK", "ATTUNE_TORCH_FAULT_STEP"
 # p2p tags: activations travel forward with one tag, gradients backward with another (gloo matches on tags).

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import optuna
 
-from ..estimate import estimate
-from ..layout import Layout, batching, to_recipe_block
+from attune.estimator import estimate
+from attune.spec.layout import Layout
+from attune.spec.placement import batching
+from attune.recipe.codec import to_recipe_block
 from .study import TuneConfig, TuneOutcome, study_counts
 
 CSV_FIELDS = ["number", "state", "role", "kind", "runner", "label", "tp", "sp", "pp", "first", "last", "vpp", "cp", "dp",

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from attune.errors import SearchSpaceError
+
 from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
 import yaml
 
-from ..engines import Engine
-from ..layout import Layout, LayoutError, Workload, check, stage_layer_counts
-from ..models import ModelSpec
+from attune.spec.engine import Engine
+from attune.spec.layout import Layout, Workload
+from attune.errors import LayoutError
+from attune.spec.rules import check
+from attune.spec.placement import stage_layer_counts
+from attune.spec.model import ModelSpec
 
 # knob -> kind: "choice" (a list of values) or "int" ({low, high})
 KNOBS = {
@@ -28,8 +33,6 @@ ALLOWED_VALUES = {"recompute": {"none", "selective", "full"}, "recompute_method"
 POSITIVE_INT = {"tp", "pp", "vpp", "cp", "tokens_per_microbatch_rows"}
 
 
-class SearchSpaceError(ValueError):
-    pass
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ out of memory for real, FAIL if it crashed or hung. The first measured trial is 
 
 from __future__ import annotations
 
+from attune.errors import NoFeasibleLayout, UserInputError
+
 import datetime as dt
 import os
 import socket
@@ -22,12 +24,13 @@ from pathlib import Path
 import numpy as np
 import optuna
 
-from ..calibration import DEFAULT, Coefficients
-from ..engines import Engine
-from ..estimate import Estimate, estimate
-from ..hardware import Cluster
-from ..layout import Layout, LayoutError, Workload
-from ..models import ModelSpec
+from attune.estimator.coefficients import DEFAULT, Coefficients
+from attune.spec.engine import Engine
+from attune.estimator import Estimate, estimate
+from attune.spec.hardware import Cluster
+from attune.spec.layout import Layout, Workload
+from attune.errors import LayoutError
+from attune.spec.model import ModelSpec
 from ..runners.base import FAILED, OK, OOM, Runner, TrialResult, TrialSpec
 from .space import SearchSpace
 
@@ -38,7 +41,7 @@ ORPHAN_AGE_S = 2.0  # seconds after which an untagged RUNNING trial is taken as 
 INVALID_PENALTY = 1000.0  # constraint value of a layout that breaks a rule: worse than any memory overflow
 
 
-class StudyError(RuntimeError):
+class StudyError(UserInputError):
     pass
 
 

@@ -7,11 +7,12 @@ import datetime as dt
 import shutil
 from pathlib import Path
 
-from ..baselines import baseline_layout
-from ..engines import get_engine
-from ..hardware import parse_cluster
-from ..layout import Workload
-from ..models import load_model
+from attune.errors import NoFeasibleLayout
+from attune.spec.baselines import baseline_layout
+from attune.spec.engine import get_engine
+from attune.spec.hardware import parse_cluster
+from attune.spec.layout import Workload
+from attune.spec.model import load_model
 from ..runners.base import get_runner
 from .space import load_space
 from .study import StudyError, TuneConfig, run_study
@@ -112,7 +113,7 @@ def run_tune(args) -> int:
         msg = f"no layout fits {cfg.cluster.spec} for {cfg.model.name}"
         if smallest is not None:
             msg += f" (smallest shortfall {smallest:.1f} GiB over {cfg.cluster.gpu.capacity_gib:.1f} GiB per GPU)"
-        raise StudyError(msg + f"; {c['estimated']} candidates estimated")
+        raise NoFeasibleLayout(msg + f"; {c['estimated']} candidates estimated")
     recipe = build_recipe(cfg, out)
     rp = cfg.out_dir / "recipe.yaml"
     write_recipe(recipe, rp)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..models import LINEAR, ModelSpec
+from attune.spec.model import LINEAR, ModelSpec
 
 # Standard deviation of the normal init of matrices and embeddings: GPT-2 / Megatron `init_method_std` default.
 INIT_STD = 0.02

@@ -33,6 +33,8 @@ Paths are literal: the launch quotes them, nothing in them is expanded by a shel
 
 from __future__ import annotations
 
+from attune.errors import ClusterFileError
+
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +42,8 @@ from typing import Any
 
 import yaml
 
-from ...hardware import Cluster, HardwareError, parse_cluster
+from attune.spec.hardware import Cluster, parse_cluster
+from attune.errors import HardwareError
 
 __all__ = ["ClusterConfig", "ClusterFileError", "SlimePaths", "load_cluster", "parse_cluster_config",
            "default_paths", "PATH_VARS", "DEFAULT_SLOT_RESOURCE"]
@@ -74,8 +77,6 @@ _RESOURCE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 _RESERVED_ENV = ("CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_NVLS_ENABLE", "PYTHONPATH", "TENSORBOARD_DIR")
 
 
-class ClusterFileError(ValueError):
-    """A cluster file that cannot be used; the message names the file and the key."""
 
 
 @dataclass(frozen=True)

@@ -27,21 +27,27 @@ $SFT_DATA, $PROFILE_DIR.
 
 from __future__ import annotations
 
+from attune.errors import UserInputError
+
 import re
 import shlex
 from dataclasses import dataclass, field, replace
 
-from ...engines import get_engine
-from ...hardware import Cluster, parse_cluster
-from ...layout import Layout, LayoutError, Workload, check, from_recipe_blocks, to_flags
-from ...models import ModelSpec, load_model
+from attune.spec.engine import get_engine
+from attune.spec.hardware import Cluster, parse_cluster
+from attune.spec.layout import Layout, Workload
+from attune.errors import LayoutError
+from attune.spec.rules import check
+from attune.recipe.codec import from_recipe_blocks
+from attune.spec.flags import to_flags
+from attune.spec.model import ModelSpec, load_model
 from .cluster import PATH_VARS, ClusterConfig
 
 __all__ = ["LaunchCommand", "LaunchError", "ShellText", "model_args", "slime_command", "command_for_recipe",
            "ROLLOUT_FUNCTION", "ASYNC_SCRIPT", "SYNC_SCRIPT", "stage_of_rank"]
 
 
-class LaunchError(ValueError):
+class LaunchError(UserInputError):
     """A layout/model/cluster combination that cannot be launched; the message says what is allowed."""
 
 

@@ -54,10 +54,10 @@ def encode_trial(spec, timeout_s: float | None = None, device: str | None = None
 
 def decode_trial(d: dict, trial_dir: Path | None = None):
     """The TrialSpec (and the device) of an encoded trial."""
-    from ...engines import get_engine
-    from ...hardware import parse_cluster
-    from ...layout import Layout, Workload
-    from ...models import ModelSpec
+    from attune.spec.engine import get_engine
+    from attune.spec.hardware import parse_cluster
+    from attune.spec.layout import Layout, Workload
+    from attune.spec.model import ModelSpec
     from ..base import TrialSpec
 
     m = dict(d["model"])

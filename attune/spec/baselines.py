@@ -7,14 +7,17 @@ from importlib import resources
 
 import yaml
 
-from .engines import Engine
-from .hardware import Cluster
-from .layout import Layout, LayoutError, Workload, check, from_flags
-from .models import ModelSpec
+from attune.spec.engine import Engine
+from attune.spec.hardware import Cluster
+from attune.spec.layout import Layout, Workload
+from attune.errors import LayoutError
+from attune.spec.rules import check
+from attune.spec.flags import from_flags
+from attune.spec.model import ModelSpec
 
 
 def load_baselines() -> dict:
-    return yaml.safe_load(resources.files("attune").joinpath("baselines.yaml").read_text())
+    return yaml.safe_load(resources.files("attune.spec").joinpath("baselines.yaml").read_text())
 
 
 def baseline_entry(model_name: str) -> dict:
@@ -52,7 +55,7 @@ def baseline_layout(model: ModelSpec, cluster: Cluster, workload: Workload, engi
             cand = replace(lay, dp=world // mp)
             if not check(cand, model, world, workload, engine):
                 if cand.pp > 1:  # spell the split out, as the recipe's layout block does
-                    from .layout import stage_layer_counts
+                    from attune.spec.placement import stage_layer_counts
                     counts = stage_layer_counts(cand, model.num_layers)
                     cand = replace(cand, first=counts[0], last=counts[-1])
                 return cand, "; ".join(notes)

@@ -8,13 +8,15 @@ here (its counts are checked against the reference's hand count and the torch ru
 
 from __future__ import annotations
 
+from attune.errors import AttuneError
+
 import os
 import socket
 
-from .models import ModelSpec
+from attune.spec.model import ModelSpec
 
 
-class CrossCheckError(RuntimeError):
+class CrossCheckError(AttuneError):
     pass
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .engines import Engine
-from .models import FULL, LINEAR, ModelSpec
+from attune.spec.engine import Engine
+from attune.spec.model import FULL, LINEAR, ModelSpec
 
 BF16 = 2  # bytes
 FP32 = 4

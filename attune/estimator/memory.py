@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .calibration import DEFAULT, Coefficients
-from .costs import BF16, FP32, Shape, layer_costs, mix
-from .engines import Engine
-from .hardware import Cluster, GiB
-from .layout import Batching, Layout, Workload, batching, chunk_ranges
-from .models import FULL, LINEAR, ModelSpec
+from .coefficients import DEFAULT, Coefficients
+from attune.estimator.costs import BF16, FP32, Shape, layer_costs, mix
+from attune.spec.engine import Engine
+from attune.spec.hardware import Cluster, GiB
+from attune.spec.placement import Batching, batching, chunk_ranges
+from attune.spec.layout import Layout, Workload
+from attune.spec.model import FULL, LINEAR, ModelSpec
 
 
 @dataclass

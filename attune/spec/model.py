@@ -15,14 +15,14 @@ Reference: shared/reference/slime-and-qwen.md section 3.1 (Qwen3.6-27B: 25,623,9
 
 from __future__ import annotations
 
+from attune.errors import ModelError
+
 import json
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
 
-class ModelError(ValueError):
-    """A model that cannot be read: unknown name, unsupported family, missing field."""
 
 
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -277,7 +277,7 @@ def from_hf_config(cfg: dict, name: str = "model", where: str | None = None) -> 
 
 
 def bundled_names() -> list[str]:
-    files = resources.files("attune").joinpath("model_configs")
+    files = resources.files("attune.spec").joinpath("model_configs")
     return sorted(p.name[: -len(".json")] for p in files.iterdir() if p.name.endswith(".json"))
 
 
@@ -298,5 +298,5 @@ def load_model(name_or_path: str) -> ModelSpec:
     key = by_lower.get(name_or_path.lower())
     if key is None:
         raise ModelError(f"unknown model '{name_or_path}'; bundled: {', '.join(bundled_names())} (or pass a config.json path)")
-    text = resources.files("attune").joinpath("model_configs", f"{key}.json").read_text()
+    text = resources.files("attune.spec").joinpath("model_configs", f"{key}.json").read_text()
     return from_hf_config(json.loads(text), name=key)

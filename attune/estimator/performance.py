@@ -13,12 +13,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from .calibration import DEFAULT, Coefficients
-from .costs import BF16, FP32, LayerCost, Shape, layer_costs, logits_flops, mix
-from .engines import Engine
-from .hardware import Cluster
-from .layout import Layout, Workload, batching, chunk_ranges
-from .models import FULL, LINEAR, ModelSpec
+from .coefficients import DEFAULT, Coefficients
+from attune.estimator.costs import BF16, FP32, LayerCost, Shape, layer_costs, logits_flops, mix
+from attune.spec.engine import Engine
+from attune.spec.hardware import Cluster
+from attune.spec.layout import Layout, Workload
+from attune.spec.placement import batching, chunk_ranges
+from attune.spec.model import FULL, LINEAR, ModelSpec
 
 
 @dataclass

@@ -6,6 +6,8 @@ for bandwidths, USD per GPU-hour for prices. Bandwidths are per direction.
 
 from __future__ import annotations
 
+from attune.errors import HardwareError
+
 import os
 import re
 from dataclasses import dataclass, replace
@@ -13,8 +15,6 @@ from dataclasses import dataclass, replace
 GiB = 2**30
 
 
-class HardwareError(ValueError):
-    """Unknown GPU type or malformed cluster spec."""
 
 
 @dataclass(frozen=True)

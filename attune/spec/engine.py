@@ -6,6 +6,8 @@ models stay engine-agnostic and read these flags.
 
 from __future__ import annotations
 
+from attune.errors import EngineError
+
 from dataclasses import dataclass
 
 
@@ -44,8 +46,6 @@ ENGINES: dict[str, Engine] = {
 }
 
 
-class EngineError(ValueError):
-    pass
 
 
 def get_engine(name: str) -> Engine:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .calibration import DEFAULT, Coefficients
-from .engines import Engine
-from .hardware import Cluster
-from .layout import Layout, Workload, validate
-from .memory import MemoryEstimate, estimate_memory
-from .models import ModelSpec
-from .performance import PerfEstimate, estimate_performance
+from .coefficients import DEFAULT, Coefficients
+from attune.spec.engine import Engine
+from attune.spec.hardware import Cluster
+from attune.spec.layout import Layout, Workload
+from attune.spec.rules import validate
+from attune.estimator.memory import MemoryEstimate, estimate_memory
+from attune.spec.model import ModelSpec
+from attune.estimator.performance import PerfEstimate, estimate_performance
 
 
 @dataclass

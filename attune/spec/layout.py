@@ -1,0 +1,193 @@
+"""One parallel layout and its workload: pure value types with their field invariants.
+
+Rules that need the model, the cluster or the engine (divisibility, recompute ranges) live in
+``attune.spec.rules``; the per-stage placement derived from a layout in ``attune.spec.placement``;
+Megatron-LM / slime flags in and out in ``attune.spec.flags``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Literal
+
+from attune.errors import LayoutError
+
+Granularity = Literal["none", "selective", "full"]
+RecomputeMethod = Literal["block", "uniform"]
+Precision = Literal["bf16", "fp16"]
+
+GRANULARITIES = ("none", "selective", "full")
+RECOMPUTE_METHODS = ("block", "uniform")
+PRECISIONS = ("bf16", "fp16")
+
+
+def _positive(owner: str, **values) -> None:
+    for name, v in values.items():
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise LayoutError(f"{owner}.{name} must be an integer (got {v!r})")
+        if v < 1:
+            raise LayoutError(f"{owner}.{name} must be >= 1 (got {v})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """What one training step consumes and how a measured run is set up; independent of the layout."""
+
+    seq_length: int = 8192
+    """Tokens per packed row (Megatron's ``--seq-length``)."""
+    global_batch: int = 128
+    """Rows per optimizer step (``--global-batch-size``)."""
+    steps: int = 20
+    """Optimizer steps of a measured run (slime's ``--num-rollout``)."""
+    window: tuple[int, int] = (5, 19)
+    """Measured steps, 0-based and inclusive: the first steps warm up and are not timed."""
+    lr: float = 1e-5
+    """Peak learning rate."""
+    min_lr: float = 1e-6
+    """Learning rate at the end of the decay."""
+    lr_decay_style: str = "cosine"
+    """Megatron's ``--lr-decay-style``."""
+    warmup_fraction: float = 0.1
+    """Fraction of the steps spent warming the learning rate up."""
+    weight_decay: float = 0.1
+    """AdamW weight decay."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.98
+    """AdamW beta2."""
+    seed: int = 42
+    """Random seed of the run (data order and initialisation)."""
+
+    def __post_init__(self) -> None:
+        _positive("workload", seq_length=self.seq_length, global_batch=self.global_batch, steps=self.steps)
+        a, b = self.window
+        if not (0 <= a <= b):
+            raise LayoutError(f"workload.window {self.window}: needs 0 <= first <= last")
+        if self.lr <= 0 or self.min_lr < 0:
+            raise LayoutError(f"workload learning rates must be positive (lr {self.lr}, min_lr {self.min_lr})")
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens of one optimizer step: rows x row length."""
+        return self.seq_length * self.global_batch
+
+    def with_steps(self, steps: int) -> "Workload":
+        """This workload run for ``steps`` steps; the one rule for shortening the measurement window.
+
+        A window that ends inside the run is kept; otherwise it ends at the last step and starts after a
+        warm-up of a quarter of the run (at most the window's own start).
+        """
+        a, b = self.window
+        window = self.window if b < steps else (min(a, max(0, steps // 4)), steps - 1)
+        return replace(self, steps=steps, window=window)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """How one training step is split over the GPUs (Megatron-LM's parallel and memory knobs)."""
+
+    tp: int = 1
+    """Tensor-parallel size (``--tensor-model-parallel-size``)."""
+    pp: int = 1
+    """Pipeline-parallel size (``--pipeline-model-parallel-size``)."""
+    dp: int = 1
+    """Data-parallel size: world / (TP x PP x CP); derived, never a flag."""
+    cp: int = 1
+    """Context-parallel size (``--context-parallel-size``)."""
+    ep: int = 1
+    """Expert-parallel size; 1 for the dense models attune models today."""
+    sp: bool = False
+    """Sequence parallelism (``--sequence-parallel``); needs TP > 1."""
+    first: int | None = None
+    """Layers on the first pipeline stage (``--decoder-first-pipeline-num-layers``); None: even split."""
+    last: int | None = None
+    """Layers on the last pipeline stage (``--decoder-last-pipeline-num-layers``); None: even split."""
+    vpp: int = 1
+    """Virtual pipeline stages per rank (``--num-virtual-stages-per-pipeline-rank``)."""
+    micro_batch_size: int = 1
+    """Rows per microbatch with static batching (``--micro-batch-size``)."""
+    max_tokens_per_gpu: int | None = None
+    """slime's dynamic batching: tokens per GPU per microbatch (``--max-tokens-per-gpu``); None: static."""
+    recompute_granularity: Granularity = "none"
+    """Activation recompute: none, selective (core attention) or full layers."""
+    recompute_method: RecomputeMethod | None = None
+    """Full recompute only: block (the first N layers of each chunk) or uniform (groups of N)."""
+    recompute_num_layers: int | None = None
+    """Full recompute only: N of ``--recompute-num-layers``."""
+    distributed_optimizer: bool = True
+    """Optimizer states sharded over DP x CP (``--use-distributed-optimizer``; slime forces it)."""
+    precision_aware_optimizer: bool = False
+    """16-bit master-weight remainders (``--use-precision-aware-optimizer``); Megatron's default is off."""
+    optimizer_cpu_offload: bool = False
+    """Optimizer states and step on the host CPU (``--optimizer-cpu-offload``)."""
+    offload_fraction: float = 1.0
+    """Fraction of the optimizer offloaded (``--optimizer-offload-fraction``), in (0, 1]."""
+    overlap_cpu_optimizer: bool = False
+    """Overlap the offloaded optimizer's copies with compute (``--overlap-cpu-optimizer-d2h-h2d``)."""
+    precision: Precision = "bf16"
+    """Training precision: bf16 or fp16 (``--bf16`` / ``--fp16``)."""
+
+    def __post_init__(self) -> None:
+        _positive("layout", tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep, vpp=self.vpp,
+                  micro_batch_size=self.micro_batch_size, max_tokens_per_gpu=self.max_tokens_per_gpu)
+        for name in ("first", "last", "recompute_num_layers"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise LayoutError(f"layout.{name} must be an integer (got {v!r})")
+        if self.recompute_granularity not in GRANULARITIES:
+            raise LayoutError(f"recompute granularity '{self.recompute_granularity}'; allowed: {', '.join(GRANULARITIES)}")
+        if self.recompute_method is not None and self.recompute_method not in RECOMPUTE_METHODS:
+            raise LayoutError(f"recompute method '{self.recompute_method}'; allowed: {', '.join(RECOMPUTE_METHODS)}")
+        if self.precision not in PRECISIONS:
+            raise LayoutError(f"precision '{self.precision}'; allowed: {', '.join(PRECISIONS)}")
+        if not 0.0 < self.offload_fraction <= 1.0:
+            raise LayoutError(f"offload fraction {self.offload_fraction} must be in (0, 1]")
+
+    @property
+    def world_size(self) -> int:
+        """GPUs the layout spans: TP x PP x CP x DP."""
+        return self.tp * self.pp * self.cp * self.dp
+
+    def label(self) -> str:
+        """A short human label, e.g. ``TP1 PP4 16/14 DP2 Rb12 mt8192``."""
+        parts = [f"TP{self.tp}"] + (["SP"] if self.sp else []) + [f"PP{self.pp}"]
+        if self.pp > 1 and (self.first is not None or self.last is not None):
+            parts.append(f"{self.first if self.first is not None else '-'}/{self.last if self.last is not None else '-'}")
+        if self.vpp > 1:
+            parts.append(f"VPP{self.vpp}")
+        if self.cp > 1:
+            parts.append(f"CP{self.cp}")
+        parts.append(f"DP{self.dp}")
+        if self.recompute_granularity == "full":
+            parts.append(f"R{(self.recompute_method or '?')[0]}{self.recompute_num_layers}")
+        elif self.recompute_granularity == "selective":
+            parts.append("Rsel")
+        if self.optimizer_cpu_offload:
+            parts.append(f"off{self.offload_fraction:g}")
+        if self.max_tokens_per_gpu:
+            parts.append(f"mt{self.max_tokens_per_gpu}")
+        elif self.micro_batch_size > 1:
+            parts.append(f"mbs{self.micro_batch_size}")
+        return " ".join(parts)
+
+    def slug(self) -> str:
+        """A file-name-safe name, e.g. ``tp1-pp4-split16-rb12``."""
+        s = f"tp{self.tp}-pp{self.pp}"
+        if self.pp > 1 and self.first is not None:
+            s += f"-split{self.first}"
+        if self.vpp > 1:
+            s += f"-vpp{self.vpp}"
+        if self.cp > 1:
+            s += f"-cp{self.cp}"
+        if self.recompute_granularity == "full":
+            s += f"-r{(self.recompute_method or '?')[0]}{self.recompute_num_layers}"
+        elif self.recompute_granularity == "selective":
+            s += "-rsel"
+        if self.optimizer_cpu_offload:
+            s += "-offload"
+        return s
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,108 @@
+"""Every rule a layout must satisfy for a model, a cluster size, a workload and an engine.
+
+``check`` returns one message per broken rule (naming the rule and what is allowed); ``validate`` raises
+them as one ``LayoutError``. Both the flag parser, the recipe validator and the search use these.
+"""
+
+from __future__ import annotations
+
+from attune.errors import LayoutError
+from .engine import Engine
+from .layout import Layout, Workload
+from .model import ModelSpec
+from .placement import stage_layer_counts
+
+
+def check(layout: Layout, model: ModelSpec, world_size: int, workload: Workload, engine: Engine) -> list[str]:
+    """Every rule the layout breaks, one message each (empty when valid)."""
+    e: list[str] = []
+    L = layout
+    for name in ("tp", "pp", "dp", "cp", "vpp", "micro_batch_size"):
+        if getattr(L, name) < 1:
+            e.append(f"{name} must be >= 1 (got {getattr(L, name)})")
+    if e:
+        return e
+    if L.world_size != world_size:
+        e.append(f"world size {world_size} GPUs != TP {L.tp} x PP {L.pp} x CP {L.cp} x DP {L.dp} = {L.world_size}")
+    if L.ep != 1:
+        e.append(f"EP {L.ep}: only dense models (EP = 1) are supported for now")
+    if model.heads % L.tp:
+        e.append(f"TP {L.tp} must divide the {model.heads} attention heads")
+    if model.kv_heads % L.tp:
+        e.append(f"TP {L.tp} must divide the {model.kv_heads} query groups (KV heads)")
+    if model.family == "qwen3_5" and not engine.gdn_replicated:
+        for n, v in (("linear key heads", model.lin_k_heads), ("linear value heads", model.lin_v_heads)):
+            if v % (L.tp * L.cp):
+                e.append(f"TP x CP = {L.tp * L.cp} must divide the {v} {n} (megatron-core GDN)")
+    if L.sp and L.tp == 1:
+        e.append("sequence parallelism needs TP > 1")
+    if L.pp > model.num_layers:
+        e.append(f"PP {L.pp} exceeds the {model.num_layers} layers")
+    if L.pp == 1 and (L.first is not None or L.last is not None):
+        e.append("first/last stage layer counts need PP > 1")
+    counts = None
+    if not e:
+        try:
+            counts = stage_layer_counts(L, model.num_layers)
+        except LayoutError as err:
+            e.append(str(err))
+    if counts is not None:
+        if any(c < 1 for c in counts) or sum(counts) != model.num_layers:
+            e.append(f"layer split {'/'.join(map(str, counts))} must sum to {model.num_layers} with at least one layer per stage")
+        if L.vpp > 1:
+            if L.pp < 2:
+                e.append("virtual pipeline stages need PP >= 2")
+            bad = [c for c in counts if c % L.vpp]
+            if bad:
+                e.append(f"VPP {L.vpp} must divide every stage's layers ({'/'.join(map(str, counts))})")
+    g, meth, n = L.recompute_granularity, L.recompute_method, L.recompute_num_layers
+    if g not in ("none", "selective", "full"):
+        e.append(f"recompute granularity '{g}'; allowed: none, selective, full")
+    elif g == "full":
+        if meth not in ("block", "uniform"):
+            e.append(f"full recompute needs a method: block or uniform (got {meth})")
+        if n is None or n < 1:
+            e.append("full recompute needs --recompute-num-layers >= 1")
+        elif counts is not None and L.vpp >= 1 and not any(c < 1 for c in counts):
+            per_chunk = min(counts) // L.vpp
+            if meth == "uniform" and n > per_chunk:
+                e.append(f"uniform recompute of {n} layers exceeds the {per_chunk} layers of the smallest chunk")
+            if meth == "block" and n > max(counts) // L.vpp:
+                e.append(f"block recompute of {n} layers exceeds the {max(counts) // L.vpp} layers per chunk")
+    elif meth is not None or n is not None:
+        e.append(f"recompute method/num-layers only apply to full recompute (granularity is {g})")
+    if L.precision not in ("bf16", "fp16"):
+        e.append(f"precision '{L.precision}'; allowed: bf16, fp16")
+    if engine.forces_distributed_optimizer and not L.distributed_optimizer:
+        e.append(f"{engine.name} always uses the distributed optimizer")
+    if engine.name == "slime" and L.precision != "bf16":
+        e.append("slime trains in bf16 only")
+    if L.optimizer_cpu_offload:
+        if not L.precision_aware_optimizer:
+            e.append("optimizer CPU offload needs --use-precision-aware-optimizer (Megatron asserts it)")
+        if not 0.0 < L.offload_fraction <= 1.0:
+            e.append(f"offload fraction {L.offload_fraction} must be in (0, 1]")
+    if L.precision_aware_optimizer and not L.distributed_optimizer:
+        e.append("the precision-aware optimizer needs the distributed optimizer")
+    if workload.global_batch % L.dp:
+        e.append(f"global batch {workload.global_batch} rows must be divisible by DP {L.dp}")
+    elif not (engine.dynamic_batching and L.max_tokens_per_gpu) and workload.global_batch % (L.dp * L.micro_batch_size):
+        e.append(f"global batch {workload.global_batch} must be divisible by micro batch {L.micro_batch_size} x DP {L.dp}")
+    if L.cp > 1 and workload.seq_length % (2 * L.cp):
+        e.append(f"sequence length {workload.seq_length} must be divisible by 2 x CP = {2 * L.cp} (load-balanced chunks)")
+    if L.max_tokens_per_gpu is not None and L.max_tokens_per_gpu < 1:
+        e.append("max tokens per GPU must be positive")
+    return e
+
+
+def validate(layout: Layout, model: ModelSpec, world_size: int, workload: Workload, engine: Engine) -> None:
+    errs = check(layout, model, world_size, workload, engine)
+    if errs:
+        raise LayoutError("; ".join(errs))
+
+
+def derive_dp(world_size: int, tp: int, pp: int, cp: int) -> int:
+    mp = tp * pp * cp
+    if mp < 1 or world_size % mp:
+        raise LayoutError(f"TP {tp} x PP {pp} x CP {cp} = {mp} does not divide the {world_size} GPUs")
+    return world_size // mp

@@ -10,7 +10,6 @@ import argparse
 import itertools
 import os
 import time
-from pathlib import Path
 
 from attune.spec.engine import get_engine
 from attune.estimator import estimate
@@ -54,7 +53,7 @@ def main() -> None:
     except (AttributeError, OSError):
         pass
     model, cluster, engine, wl = load_model("Qwen3.6-27B"), parse_cluster("8xH200"), get_engine("slime"), Workload()
-    space = load_space(Path(__file__).resolve().parents[1] / "search_spaces" / "dense.yaml")
+    space = load_space(None)  # the bundled dense space (package data)
     t0 = time.perf_counter()
     layouts = list(itertools.islice(distinct_layouts(space, model, cluster.world_size, wl, engine), args.limit))
     t_enum = time.perf_counter() - t0

@@ -57,7 +57,8 @@ def main() -> None:
         est = estimate(model, cluster, lay, wl, engine)
         st = est.memory.stages[0]
         with tempfile.TemporaryDirectory() as d:
-            res = runner.run(TrialSpec(model, cluster, lay, wl, engine, trial_dir=Path(d), timeout_s=900))
+            res = runner.run(TrialSpec(model=model, cluster=cluster, layout=lay, workload=wl, engine=engine,
+                                       trial_dir=Path(d), timeout_s=900))
         pred_alloc = st.total_gib - st.overhead_gib
         meas = res.peak_memory_gib[0] if res.peak_memory_gib else None
         row = {"layout": name, "status": res.status, "predicted_allocated_gib": round(pred_alloc, 3),

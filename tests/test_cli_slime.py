@@ -16,6 +16,19 @@ def test_slime_command_for_seed_recipe(capsys):
     assert flags["--hf-checkpoint"] == "$HF_CKPT"
 
 
+def test_slime_command_without_cluster_file_ships_attune(capsys):
+    """Issue 13: the printed launch keeps slime off --prompt-data (bug 2) and says how attune reaches the nodes:
+    the Ray job's runtime_env py_modules, inherited by slime's actors (bug 3); the stack probe is non-fatal."""
+    assert main(["slime", "command", "--recipe", str(FIX / "seed_recipe.yaml")]) == 0
+    out = capsys.readouterr().out
+    rb = parse_run(out)
+    assert rb.has_flag("--disable-rollout-global-dataset")
+    assert not rb.has_flag("--input-key") and not rb.has_flag("--metadata-key")
+    assert "attune on the nodes" in out and "py_modules" in out and "--runtime-env-json" in out
+    probe = next(line for line in out.splitlines() if "-m attune.runners.slime.stack_probe" in line)
+    assert "||" in probe  # a missing attune does not stop the script under set -e
+
+
 def test_slime_parse_log_exit_codes(capsys):
     logs = FIX / "slime_logs"
     assert main(["slime", "parse-log", str(logs / "success_20steps.log"), "--gpus", "8"]) == 0

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from attune.correctness.convergence import MIN_POINTS, Thresholds, compare_curves
+from attune.errors import UserInputError
 from attune.correctness.rules import (
     UnknownArgumentWarning,
     diff_args,
@@ -167,6 +168,36 @@ def test_thresholds_defaults_and_record_shape():
     assert rec["note"].startswith("candidate arm: test")
     bad = compare_curves(_loss_curve(), [x * 2 for x in _loss_curve()]).to_record()
     assert bad["result"] == "fail" and "pointwise" in bad["note"]
+
+
+def test_statistics_are_the_textbook_ones():
+    """r is Pearson's (numpy's corrcoef agrees); outliers are population-std z-scores beyond the sigma."""
+    ref = _loss_curve(n=30, seed=3)
+    rng = np.random.default_rng(4)
+    cand = [x + 0.02 * rng.standard_normal() for x in ref]
+    cand[7] += 0.5  # one large residual
+    res = compare_curves(ref, cand, Thresholds(final_loss_tolerance=1.0))
+    assert res.correlation == pytest.approx(float(np.corrcoef(ref, cand)[0, 1]), rel=1e-12)
+    resid = np.array(cand) - np.array(ref)
+    z = np.abs(resid - resid.mean()) / resid.std()  # ddof=0, as Bridge's np.std
+    assert res.outliers == int((z > 3.0).sum()) == 1
+    assert res.max_pointwise_difference == pytest.approx(float(np.max(np.abs(resid) / np.array(ref))))
+    # a constant curve against a varying one: r is undefined, which fails, never passes silently
+    flat = compare_curves([3.0] * 5, [3.0, 3.1, 2.9, 3.0, 3.05])
+    assert flat.correlation is None and "correlation" in _failed(flat)
+    # identical constant curves match perfectly; every residual equal means no outlier
+    same = compare_curves([3.0] * 5, [3.0] * 5)
+    assert same.passed and same.correlation == 1.0 and same.outliers == 0
+
+
+def test_bad_thresholds_and_curves_are_user_errors():
+    for bad in (dict(skip_first_fraction=1.0), dict(skip_first_fraction=-0.1), dict(outlier_sigma=0.0)):
+        with pytest.raises(UserInputError):
+            Thresholds(**bad)
+    with pytest.raises(UserInputError, match="step 3 twice"):
+        compare_curves({3: 1.0, "3": 1.0, 4: 1.0}, [1.0, 1.0, 1.0])
+    with pytest.raises(TypeError):
+        Thresholds(0.9)  # keyword-only: a bare number could be any threshold
 
 
 # --------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@ import pytest
 
 from attune.spec.engine import get_engine
 from attune.spec.layout import Layout, Workload
-from attune.errors import LayoutError
+from attune.errors import FlagError, LayoutError
 from attune.spec.placement import batching, chunk_ranges, stage_layer_counts
 from attune.spec.rules import check
 from attune.spec.flags import from_flags, to_flags
@@ -59,14 +59,17 @@ def test_flags_ignored_and_vpp_by_layers(qwen):
     assert p.ignored == ["--wandb-project", "--use-flash-attn"]
     with pytest.raises(LayoutError, match="needs --max-tokens-per-gpu"):
         from_flags("--use-dynamic-batch-size", qwen, 8)
-    with pytest.raises(LayoutError, match="expected an integer"):
+    with pytest.raises(FlagError, match="expected an integer"):
         from_flags("--tensor-model-parallel-size four", qwen, 8)
 
 
 def test_recipe_blocks_of_seed(seed_cases):
     r = load_recipe(SEED)
-    lay, w = from_recipe_blocks(r["layout"], r["workload"])
+    # the seed's layout block omits precision_aware_optimizer; its run block has the flag
+    # (attune.recipe.target reads it from there)
+    lay, w = from_recipe_blocks(r["layout"], r["workload"], precision_aware_default=True)
     assert lay == seed_cases["rb12"]
+    assert from_recipe_blocks(r["layout"], r["workload"])[0].precision_aware_optimizer is False  # Layout's default
     assert (w.seq_length, w.global_batch) == (8192, 128)
 
 

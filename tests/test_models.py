@@ -33,7 +33,11 @@ def test_bundled_includes_required():
 
 
 def test_stage_params_sum_to_total(qwen):
-    parts = qwen.stage_params(0, 16, True, False) + qwen.stage_params(16, 50, False, False) + qwen.stage_params(50, 64, False, True)
+    from attune.spec.layout import Layout
+    from attune.spec.placement import stage_params
+
+    lay = Layout(pp=3, first=16, last=14)
+    parts = sum(stage_params(qwen, lay, r) for r in range(3))
     assert parts == qwen.total_params
 
 

@@ -1,13 +1,14 @@
-"""Trials as Ray jobs (attune.runners.slime.jobs / runner).
+"""Trials as Ray jobs (attune.runners.ray.jobs, attune.runners.ray.runner).
 
 The tests marked `ray` start a real local Ray head (127.0.0.1, 2 CPUs, one `attune_trial_slot`) inside the
-test module and stop it at the end; they submit a real torch-runner trial (tiny-llama, 2 CPU workers, PP 2)
-through the same submission / poll / log / result code the slime trials use. The others drive RayJobs with
-a stand-in client and need no Ray.
+test module and stop it at the end; they submit a real torch-trainer trial (tiny-llama, 2 CPU workers, PP 2)
+through the `ray-torch` runner, the same submission / tail / log / result code the slime trials use. The
+others drive RayJobs with a stand-in client and start no Ray head (they need the ray package for JobStatus).
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import os
@@ -28,14 +29,16 @@ from attune.spec.engine import get_engine
 from attune.spec.hardware import parse_cluster
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import load_model
-from attune.runners.base import OK, TIMEOUT, RunnerError, TrialResult, TrialSpec
-from attune.runners.slime import jobs as jobs_mod
-from attune.runners.slime.jobs import RayJobs, submission_id
+from attune.errors import MissingDependency
+from attune.runners.base import OK, TIMEOUT, TrialResult, TrialSpec
+from attune.runners.ray import jobs as jobs_mod
+from attune.runners.ray.jobs import RayJobs, submission_id
 
 ROOT = Path(__file__).resolve().parents[1]
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 # Seconds allowed for the local head's dashboard (Jobs API) to come up on a 2-core machine.
 HEAD_START_S = 120
+needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="ray is not installed: pip install 'attune[ray]'")
 
 
 # ---------------------------------------------------------------------------- stand-in client (no Ray)
@@ -66,6 +69,14 @@ class FakeClient:
     def get_job_logs(self, sid):
         return self._job(sid)["log"]
 
+    async def tail_job_logs(self, sid):
+        """As Ray's: the log so far, then nothing until the job ends (peeks at the status, never pops it)."""
+        j = self._job(sid)
+        if j["log"]:
+            yield j["log"]
+        while j["statuses"][0] in ("PENDING", "RUNNING"):
+            await asyncio.sleep(0.005)
+
     def submit_job(self, **kw):
         self.submitted.append(kw)
         self.add(kw["submission_id"], ["PENDING", "RUNNING", "SUCCEEDED"], "ok\n")
@@ -78,6 +89,7 @@ class FakeClient:
 
 
 def test_submission_id_is_deterministic_and_safe():
+    assert submission_id("s", None, "tp1") == "attune-s-run-tp1"
     a = submission_id("my study/1", 7, "tp1-pp4-split16-rb12")
     assert a == submission_id("my study/1", 7, "tp1-pp4-split16-rb12") == "attune-my-study-1-t0007-tp1-pp4-split16-rb12"
     assert submission_id("s", 8, "tp1-pp4") != a
@@ -85,6 +97,7 @@ def test_submission_id_is_deterministic_and_safe():
         submission_id("s", -1, "x")
 
 
+@needs_ray
 def test_submit_uses_entrypoint_resources_not_gpus():
     c = FakeClient()
     sid, attached = RayJobs("http://x:8265", client=c).submit("echo", {"env_vars": {}}, "attune-s-t0001",
@@ -94,6 +107,7 @@ def test_submit_uses_entrypoint_resources_not_gpus():
     assert kw["entrypoint_resources"] == {"attune_trial_slot": 1} and "entrypoint_num_gpus" not in kw
 
 
+@needs_ray
 @pytest.mark.parametrize("status", ["PENDING", "RUNNING", "SUCCEEDED"])
 def test_existing_live_or_finished_job_is_attached(status):
     c = FakeClient()
@@ -102,6 +116,7 @@ def test_existing_live_or_finished_job_is_attached(status):
     assert c.submitted == []
 
 
+@needs_ray
 @pytest.mark.parametrize("status", ["FAILED", "STOPPED"])
 def test_failed_or_stopped_job_is_resubmitted_with_retry_suffix(status):
     c = FakeClient()
@@ -113,6 +128,7 @@ def test_failed_or_stopped_job_is_resubmitted_with_retry_suffix(status):
     assert RayJobs("http://x:8265", client=c).submit("echo", {}, "attune-s-t0002") == ("attune-s-t0002-retry1", True)
 
 
+@needs_ray
 def test_wait_streams_logs_and_stops_on_timeout():
     c = FakeClient()
     c.add("j", ["RUNNING"], "line 1\n")
@@ -122,6 +138,7 @@ def test_wait_streams_logs_and_stops_on_timeout():
     assert out.status == "TIMEOUT" and out.timed_out and c.stopped == ["j"] and chunks == ["line 1\n"]
 
 
+@needs_ray
 def test_keyboard_interrupt_stops_the_job():
     c = FakeClient()
     c.add("j", ["RUNNING"], "x")
@@ -136,7 +153,7 @@ def test_keyboard_interrupt_stops_the_job():
 
 def test_missing_ray_is_one_line_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
-    with pytest.raises(RunnerError) as ei:
+    with pytest.raises(MissingDependency) as ei:
         jobs_mod.import_ray_jobs()
     assert str(ei.value) == "the slime runner needs the optional extra: pip install 'attune[ray]'"
 
@@ -210,22 +227,23 @@ def cluster_file(tmp_path_factory, ray_head, marker):
     return p
 
 
-def tiny_spec(trial_dir: Path, steps: int, label: str, timeout_s: float | None = 120.0) -> TrialSpec:
+def tiny_spec(trial_dir: Path, steps: int, number: int, timeout_s: float | None = 120.0) -> TrialSpec:
     return TrialSpec(model=load_model("tiny-llama"), cluster=parse_cluster("2xcpu"), layout=Layout(pp=2, dp=1),
                      workload=Workload(seq_length=64, global_batch=4, steps=steps, window=(1, min(3, steps - 1))),
-                     engine=get_engine("torch"), trial_dir=trial_dir, timeout_s=timeout_s, label=label)
+                     engine=get_engine("torch"), trial_dir=trial_dir, timeout_s=timeout_s, label=f"trial {number}",
+                     trial_number=number)
 
 
 def _runner(cluster_file, study):
-    from attune.runners.slime.runner import SlimeRunner
+    from attune.runners.registry import get_runner
 
-    return SlimeRunner(cluster_file=cluster_file, trial_kind="torch", study=study)
+    return get_runner("ray-torch", cluster_file=cluster_file, study=study)
 
 
 @pytest.fixture(scope="module")
 def first_run(cluster_file, tmp_path_factory):
     runner = _runner(cluster_file, f"e2e{uuid.uuid4().hex[:6]}")
-    spec = tiny_spec(tmp_path_factory.mktemp("trial1"), steps=4, label="trial 1")
+    spec = tiny_spec(tmp_path_factory.mktemp("trial1"), steps=4, number=1)
     t0 = time.monotonic()
     result = runner.run(spec)
     return runner, spec, result, time.monotonic() - t0
@@ -239,6 +257,8 @@ def test_torch_trial_end_to_end_through_ray(first_run):
     assert res.measured and res.tokens_per_s_per_gpu > 0 and len(res.step_times_s) == 4 and len(res.losses) == 4
     assert res.extra["job_status"] == "SUCCEEDED" and res.extra["attached"] is False
     assert res.extra["submission_id"] == runner.submission_id_for(spec)
+    assert res.extra["submission_id"].startswith(f"attune-{runner.study}-t0001-tp1-pp2-")
+    assert res.trial_number == 1 and res.extra["trial_kind"] == "torch"
     assert res.wall_s > 0 and res.gpu_hours == pytest.approx(2 * res.wall_s / 3600)
     log = (spec.trial_dir / "log.txt").read_text()
     assert "ATTUNE_TRIAL_RESULT" in log and "step 3" in log
@@ -252,7 +272,7 @@ def test_torch_trial_end_to_end_through_ray(first_run):
 @pytest.mark.skipif(not HAVE_RAY, reason="ray is not installed: pip install 'attune[ray]'")
 def test_resubmission_attaches_to_the_existing_job(first_run, tmp_path):
     runner, spec, res, _ = first_run
-    again_spec = tiny_spec(tmp_path, steps=4, label="trial 1")
+    again_spec = tiny_spec(tmp_path, steps=4, number=1)  # another folder: Ray, not result.json, dedupes
     t0 = time.monotonic()
     again = runner.run(again_spec)
     assert time.monotonic() - t0 < 30
@@ -291,7 +311,7 @@ def _processes_with_env(marker: str) -> list[int]:
 @pytest.mark.skipif(not HAVE_RAY, reason="ray is not installed: pip install 'attune[ray]'")
 def test_job_past_its_timeout_is_stopped(cluster_file, marker, tmp_path, first_run):
     runner = _runner(cluster_file, f"to{uuid.uuid4().hex[:6]}")
-    spec = tiny_spec(tmp_path, steps=2000, label="trial 2", timeout_s=6.0)
+    spec = tiny_spec(tmp_path, steps=2000, number=2, timeout_s=6.0)
     res = runner.run(spec)
     assert res.status == TIMEOUT and "timeout" in res.reason
     assert res.extra["job_status"] == "TIMEOUT"
@@ -316,12 +336,12 @@ def test_tune_study_through_local_ray_head(cluster_file, tmp_path):
     out = tmp_path / "ray-study"
     rc = main(["tune", "--model", "tiny-llama", "--gpus", "2xcpu", "--runner", "slime", "--trial-kind", "torch",
                "--cluster", str(cluster_file), "--trials", "2", "--steps", "6", "--candidates", "8",
-               "--out", str(out), "--no-copy", "--no-verify"])
+               "--out", str(out), "--no-verify"])
     assert rc == 0
     s = optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'study.db'}")
     measured = [t for t in s.trials if t.user_attrs.get("role")]
     assert len([t for t in measured if t.state == optuna.trial.TrialState.COMPLETE]) == 2
-    assert all(t.user_attrs["runner"] == "slime" for t in measured)
+    assert all(t.user_attrs["runner"] == "ray-torch" for t in measured)  # slime's Ray path, torch trainer
     r = load_recipe(out / "recipe.yaml")
     assert r["status"] == "measured" and r["result"]["tokens_per_s_per_gpu"] > 0
     assert not [f for f in lint(r) if f.severity == "error"]

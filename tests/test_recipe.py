@@ -4,26 +4,35 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import json
 from pathlib import Path
 
 import pytest
-from jsonschema import Draft202012Validator
 
+from attune.errors import RecipeError as AttuneRecipeError, UserInputError
 from attune.recipe import (
     Finding,
+    Recipe,
     RecipeError,
+    RecipeTarget,
     dump_recipe,
     has_errors,
     lint,
     load_known_flags,
     load_recipe,
+    load_recipe_model,
     load_schema,
     parse_recipe,
     parse_run,
+    recipe_target,
     schema_errors,
     summarize,
+    to_jsonable,
+    validate_recipe,
     write_recipe,
 )
+from attune.recipe.models import SCHEMA_FILE, LayoutBlock, Result, recipe_json_schema
+from attune.spec.layout import Workload
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = ROOT / "tests" / "fixtures" / "seed_recipe.yaml"
@@ -60,9 +69,10 @@ def test_reference_recipe_is_the_seed():
 
 
 def test_schema_is_valid_draft_2020_12():
+    jsonschema = pytest.importorskip("jsonschema")
     schema = load_schema()
     assert schema["$schema"].endswith("2020-12/schema")
-    Draft202012Validator.check_schema(schema)
+    jsonschema.Draft202012Validator.check_schema(schema)
 
 
 # ------------------------------------------------------------------ schema
@@ -89,7 +99,7 @@ def test_wrong_type_names_path(seed):
     seed["layout"]["tp"] = "4"
     seed["layout"]["sequence_parallel"] = "no"
     errs = schema_errors(seed)
-    assert any(e.startswith("layout.tp: '4' is not of type integer") for e in errs), errs
+    assert "layout.tp: Input should be a valid integer (got '4')" in errs, errs
     assert any(e.startswith("layout.sequence_parallel:") and "boolean" in e for e in errs), errs
 
 
@@ -232,6 +242,210 @@ def test_duplicate_key_raises(tmp_path):
         load_recipe(p)
 
 
+# ------------------------------------------------------------------ typed models and the published schema
+
+def test_schema_file_is_up_to_date():
+    """attune/recipe/recipe.schema.json is Recipe.model_json_schema(); regenerate with
+    `python3 -c "from attune.recipe.models import write_schema; write_schema()"`."""
+    assert json.loads(SCHEMA_FILE.read_text(encoding="utf-8")) == recipe_json_schema()
+    assert load_schema() == recipe_json_schema()
+
+
+def test_model_field_order_is_the_written_order(seed):
+    assert list(Recipe.model_fields)[: len(seed)] == list(seed)
+    assert list(LayoutBlock.model_fields)[: len(seed["layout"])] == list(seed["layout"])
+    assert list(Result.model_fields)[: len(seed["result"])] == list(seed["result"])
+    props = load_schema()["properties"]
+    assert list(props)[: len(seed)] == list(seed)
+
+
+def _models(model, seen=None):
+    seen = set() if seen is None else seen
+    if model in seen:
+        return seen
+    seen.add(model)
+    for f in model.model_fields.values():
+        for sub in _nested_models(f.annotation):
+            _models(sub, seen)
+    return seen
+
+
+def _nested_models(tp):
+    import typing
+    from pydantic import BaseModel
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        yield tp
+    for arg in typing.get_args(tp):
+        yield from _nested_models(arg)
+
+
+def test_every_field_is_documented():
+    models = _models(Recipe)
+    assert {"Recipe", "Gpu", "LayoutBlock", "Recompute", "Offload", "Correctness", "ComponentTest", "Dataset"} <= {
+        m.__name__ for m in models}
+    missing = [f"{m.__name__}.{n}" for m in models for n, f in m.model_fields.items() if not f.description]
+    assert missing == []
+
+
+def test_published_schema_agrees_with_model(seed):
+    jsonschema = pytest.importorskip("jsonschema")
+    validator = jsonschema.Draft202012Validator(load_schema())
+
+    def schema_ok(r):
+        return not list(validator.iter_errors(to_jsonable(r)))
+
+    assert schema_ok(seed) and schema_errors(seed) == []
+    for path, value in [(("layout", "tp"), "4"), (("layout", "recompute", "granularity"), "fulll"),
+                        (("bogus",), 1), (("gpu", "count"), True), (("env", "A"), 1),
+                        (("layout", "offload"), {"fraction": 1.5, "overlap": True}), (("status",), "tested"),
+                        (("result", "mfu"), 2.0), (("layout", "layer_split", "middle"), 3)]:
+        r = copy.deepcopy(seed)
+        node = r
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = value
+        assert not schema_ok(r), path
+        assert any(e.startswith(".".join(path)) for e in schema_errors(r)), (path, schema_errors(r))
+    r = copy.deepcopy(seed)
+    r["x-attune"] = {"study": "abc"}
+    r["result"]["speed_note"] = "text"
+    r["layout"]["tp_comm_overlap"] = False
+    assert schema_ok(r) and schema_errors(r) == []
+    r["result"]["speed_note"] = 3
+    assert not schema_ok(r) and schema_errors(r) == ["result.speed_note: Input should be a string or null (got 3)"]
+
+
+def test_recipe_model_round_trip(seed):
+    model = validate_recipe(seed)
+    assert isinstance(model, Recipe)
+    assert model.layout.tp == 1 and model.layout.recompute.method == "block" and model.gpu.memory_gb == 141
+    assert model.to_dict() == seed
+    assert dump_recipe(model) == dump_recipe(seed)  # byte-stable: 141 stays an integer, dates stay dates
+    assert isinstance(model.result.measured, dt.date)
+
+
+def test_recipe_model_keeps_extension_keys(seed):
+    seed["x-attune"] = {"study": "abc"}
+    model = validate_recipe(seed)
+    assert model.to_dict()["x-attune"] == {"study": "abc"}
+    assert dump_recipe(model).endswith("x-attune:\n  study: abc\n")
+
+
+def test_bad_field_is_one_line_recipe_error_with_path(seed, tmp_path):
+    seed["layout"]["tp"] = "4"
+    with pytest.raises(RecipeError) as exc:
+        validate_recipe(seed)
+    assert str(exc.value) == "recipe layout.tp: Input should be a valid integer (got '4')"
+    assert isinstance(exc.value, UserInputError) and exc.value.exit_code == 2
+    seed["layout"]["recompute"]["granularity"] = "fulll"
+    p = write_recipe(seed, tmp_path / "bad.yaml")
+    with pytest.raises(RecipeError) as exc:
+        load_recipe_model(p)
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith(f"{p} layout.recompute.granularity: 'fulll' is not one of")
+    assert msg.endswith("(and 1 more problem(s))")
+
+
+@pytest.mark.parametrize("path", sorted(ROOT.glob("recipes/**/*.yaml")) + [ROOT / "reports" / "example" / "recipe.yaml"],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_shipped_recipes_validate_and_round_trip(path):
+    text = path.read_text(encoding="utf-8")
+    body = "".join(line for line in text.splitlines(keepends=True) if not line.startswith("#"))
+    recipe = load_recipe(path)
+    assert schema_errors(recipe) == []
+    assert dump_recipe(validate_recipe(recipe)) == body  # byte-stable apart from header comments
+    t = recipe_target(recipe)
+    assert t.layout.world_size == t.cluster.world_size
+
+
+def test_load_recipe_model(seed):
+    model = load_recipe_model(SEED)
+    assert model.model == "Qwen3.6-27B" and model.to_dict() == seed
+
+
+# ------------------------------------------------------------------ recipe -> target
+
+def test_target_of_seed(seed, seed_cases):
+    t = recipe_target(seed)
+    assert isinstance(t, RecipeTarget)
+    assert t.model.name == "Qwen3.6-27B" and t.cluster.spec == "8xH200" and t.cluster.gpus_per_node == 8
+    assert t.engine.name == "slime"
+    assert t.layout == seed_cases["rb12"]
+    assert t.layout.precision_aware_optimizer is True  # the layout block omits it; the run block has the flag
+    w = t.workload
+    assert (w.seq_length, w.global_batch, w.steps, w.window) == (8192, 128, 20, (5, 19))
+    assert (w.lr, w.min_lr, w.lr_decay_style, w.warmup_fraction, w.weight_decay, w.adam_beta1, w.adam_beta2) == (
+        1e-5, 1e-6, "cosine", 0.1, 0.1, 0.9, 0.98)
+    assert recipe_target(validate_recipe(seed)) == t  # a Recipe reads the same
+
+
+def test_target_precision_aware_default(seed):
+    assert "precision_aware_optimizer" not in seed["layout"]
+    no_flag = copy.deepcopy(seed)
+    no_flag["run"] = no_flag["run"].replace("  --use-precision-aware-optimizer \\\n", "")
+    assert "--use-precision-aware-optimizer" not in no_flag["run"]
+    assert recipe_target(no_flag).layout.precision_aware_optimizer is False
+    no_run = copy.deepcopy(seed)
+    del no_run["run"]
+    assert recipe_target(no_run).layout.precision_aware_optimizer is False  # Layout's default
+    explicit = copy.deepcopy(seed)
+    explicit["layout"]["precision_aware_optimizer"] = False
+    assert recipe_target(explicit).layout.precision_aware_optimizer is False  # the block wins over the flag
+    explicit["layout"]["precision_aware_optimizer"] = True
+    del explicit["run"]
+    assert recipe_target(explicit).layout.precision_aware_optimizer is True
+
+
+def test_target_run_flag_hyper_parameters(seed):
+    base = Workload(seq_length=256, global_batch=8, lr=3e-3, min_lr=3e-4, seed=1)
+    seed["run"] = seed["run"].replace("--lr 1e-5", "--lr $LR --seed 7").replace("--min-lr 1e-6", "--min-lr 2e-6")
+    w = recipe_target(seed, base_workload=base).workload
+    assert w.lr == 3e-3  # a shell expansion keeps the base value
+    assert (w.min_lr, w.seed) == (2e-6, 7)
+    assert (w.seq_length, w.global_batch) == (8192, 128)  # the workload block over the base
+
+
+def test_target_check_rules_off(seed):
+    seed["layout"]["recompute"]["num_layers"] = 40  # more than a stage's 16 layers
+    with pytest.raises(AttuneRecipeError, match="recompute"):
+        recipe_target(seed)
+    assert recipe_target(seed, check_rules=False).layout.recompute_num_layers == 40
+
+
+def test_target_steps_from_result_block(seed):
+    seed["result"]["steps_per_run"] = 8
+    del seed["result"]["window"]
+    assert recipe_target(seed).workload.window == (2, 7)  # Workload.with_steps
+    del seed["result"]["steps_per_run"]
+    assert recipe_target(seed, base_workload=Workload(steps=30, window=(3, 29))).workload.steps == 30
+
+
+def test_target_overrides_rederive_dp(seed):
+    t = recipe_target(seed, gpus="16xH200", engine="megatron")
+    assert t.cluster.world_size == 16 and t.layout.dp == 4 and t.engine.name == "megatron"
+    seed["gpu"]["per_node"] = 4
+    t = recipe_target(seed)
+    assert (t.cluster.nodes, t.cluster.gpus_per_node) == (2, 4)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda r: r["layout"].__setitem__("tp", "4"), "recipe layout.tp: Input should be a valid integer (got '4')"),
+    (lambda r: r["layout"].__setitem__("tp", 3), "recipe layout: TP 3 x PP 4 x CP 1 = 12 does not divide the 8 GPUs"),
+    (lambda r: r["layout"]["recompute"].__setitem__("num_layers", 40), "recipe layout: "),
+    (lambda r: r.pop("gpu"), "recipe gpu: required key is missing"),
+    (lambda r: r["gpu"].__setitem__("per_node", 3), "recipe gpu.count: 8 GPUs is not a multiple of gpu.per_node 3"),
+    (lambda r: r["gpu"].__setitem__("type", "Z100"), "recipe gpu: unknown GPU type 'Z100'"),
+    (lambda r: r.__setitem__("model", "no-such-model"), "recipe model: unknown model 'no-such-model'"),
+    (lambda r: r["workload"].__setitem__("global_batch", 0), "recipe workload.global_batch: "),
+])
+def test_target_bad_recipe_is_one_line_error(seed, edit, message):
+    edit(seed)
+    with pytest.raises(AttuneRecipeError) as exc:
+        recipe_target(seed)
+    assert str(exc.value).startswith(message), str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
 # ------------------------------------------------------------------ run block parser
 
 def test_parse_seed_run(seed):
@@ -309,7 +523,7 @@ def test_lint_seed_flags_module_entrypoint(seed):
 def test_lint_fixed_seed_has_no_errors(fixed):
     findings = lint(fixed)
     assert not has_errors(findings), findings
-    assert _warnings(findings) == []  # every seed flag is in known_flags.yaml
+    assert _warnings(findings) == []  # every seed flag is in the flag table (attune/spec/megatron_flags.yaml)
 
 
 @pytest.mark.parametrize("entry", [
@@ -415,10 +629,33 @@ def test_lint_bad_choice(fixed):
 
 
 def test_lint_known_flags_file():
-    known = load_known_flags()
+    known = load_known_flags()  # a view of the flag table, attune/spec/megatron_flags.yaml
     assert known["flags"]["--colocate"] == "switch"
     assert known["flags"]["--tensor-model-parallel-size"] == "value"
     assert set(known["flags"].values()) <= {"switch", "value", "values"}
+    assert known["origin"]["--use-gated-attention"] == "slime-patch" and known["prefixes"] == {"--sglang-": "values"}
+
+
+def test_lint_flag_value_types(fixed):
+    fixed["run"] = fixed["run"].replace("--lr 1e-5", "--lr fast")
+    fixed["run"] = fixed["run"].replace("--debug-train-only", "--debug-train-only --rollout-top-k $TOPK "
+                                        "--sglang-enable-dp-attention --sglang-mem-fraction-static 0.7")
+    errs = _errors(lint(fixed))
+    assert [f.message for f in errs] == ["--lr 'fast': expected a number"], errs
+
+
+def test_lint_layout_rules_are_the_spec_rules(fixed):
+    # attune.spec.rules.check on the recipe's layout: TP 3 breaks the world size and the 4 KV heads
+    fixed["layout"]["tp"] = 3
+    fixed["run"] = fixed["run"].replace("--tensor-model-parallel-size 1", "--tensor-model-parallel-size 3")
+    errs = _errors(lint(fixed))
+    assert sorted(f.path for f in errs) == ["layout.dp", "layout.tp"], errs
+    assert any("query groups" in f.message for f in errs)
+    fixed["layout"]["tp"], fixed["layout"]["dp"], fixed["layout"]["sequence_parallel"] = 1, 2, True
+    fixed["run"] = fixed["run"].replace("--tensor-model-parallel-size 3", "--tensor-model-parallel-size 1 --sequence-parallel")
+    findings = lint(fixed)
+    assert not has_errors(findings)
+    assert [(f.severity, f.path) for f in findings] == [("warning", "layout.sequence_parallel")]
 
 
 def test_lint_dynamic_batch_needs_max_tokens(fixed):

@@ -63,11 +63,50 @@ def test_rollout_shapes_and_fields(built, monkeypatch):
         s = group[0]
         assert isinstance(s, ro.LocalSample)
         assert s.tokens == res.tokens[i].tolist()
-        assert s.loss_mask == res.loss_mask[i].tolist()
-        assert s.response_length == ROW == len(s.tokens)
+        assert s.loss_mask == res.loss_mask[i].tolist()[1:]  # token 0 is the one-token prompt
+        assert s.response_length == ROW - 1 == len(s.loss_mask)  # slime asserts the equality (rollout.py:677)
         assert s.reward == 0.0
         assert s.status == ro.LocalSample.Status.COMPLETED
         assert s.index == i and s.metadata == {"row": i}
+
+
+def _slime_scored_tokens(sample) -> list[int]:
+    """Token positions slime's SFT loss scores for one sample (CP = 1), by slime's own slice rule.
+
+    slime/backends/megatron_utils/loss.py:500-505 (reference slime-runtime-and-moe.md section 2): the sample's
+    log-probs are ``log_prob_full[start-1:end-1]`` with ``start = total_length - response_length`` and
+    ``end = total_length``; the log-prob at position p scores token p + 1. The slice is zipped with the
+    sample's loss_mask (one entry per response token); a masked-in entry is a scored token.
+    """
+    total = len(sample.tokens)
+    start, end = total - sample.response_length, total
+    positions = list(range(total))[start - 1:end - 1]  # Python (and torch) slicing, negative start included
+    assert len(positions) == sample.response_length == len(sample.loss_mask), \
+        f"slice of {len(positions)} log-probs for a response of {sample.response_length} tokens"
+    return [p + 1 for p, m in zip(positions, sample.loss_mask) if m]
+
+
+def test_every_supervised_token_is_scored_once_by_slimes_slice(built, monkeypatch):
+    """Issue 13, bug 1: with the whole row as the response, slime's slice is empty and the loss fails at step 0."""
+    monkeypatch.setitem(sys.modules, "slime", None)
+    res, path = built
+    out = ro.generate_rollout(_args(path, res.rows), 0, data_source=None)
+    checked = 0
+    for i, group in enumerate(out):
+        s = group[0]
+        mask = res.loss_mask[i].tolist()
+        scored = _slime_scored_tokens(s)
+        assert scored or not any(mask[1:]), f"row {i}: supervised tokens but none scored"
+        assert len(scored) == len(set(scored)), f"row {i}: a token scored twice"
+        # every supervised target (token 0 has no preceding position, so it is never a target)
+        assert scored == [t for t in range(1, len(mask)) if mask[t]], f"row {i}"
+        checked += len(scored)
+    assert checked > 0 and checked == sum(int(m.sum()) - int(m[0]) for m in res.loss_mask)
+
+
+def test_one_token_row_is_refused():
+    with pytest.raises(ValueError, match="1 tokens"):
+        ro._make_sample(ro.LocalSample, [5], [1], 0, 7)
 
 
 def test_rollout_row_order_and_wrap(built):

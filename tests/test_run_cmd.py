@@ -38,20 +38,15 @@ def test_bad_flag_exit_2_one_line(tmp_path, capsys, flags, word):
 
 
 def test_text_output_units(monkeypatch, capsys, tmp_path):
-    from attune import runs
+    from attune.cli.render import format_run_result
     from attune.runners.base import TrialResult
+    from attune.runners.torch_runner import TorchRunner
+    from attune.spec.layout import Layout, Workload
 
     res = TrialResult(status="oom", measured=True, reason="out of memory on pipeline stage 1", peak_memory_gib=[1.5, 2.25])
-    assert "stage 1 2.25 GiB" in runs.format_result(res, __import__("attune.spec.layout").spec.layout.Layout(dp=2),
-                                                    runs.TORCH_WORKLOAD, "test")
+    assert "stage 1 2.25 GiB" in format_run_result(res, Layout(dp=2), Workload(), "test")
 
-    class FakeRunner:
-        name, measured = "torch", True
-
-        def run(self, spec):
-            return res
-
-    monkeypatch.setattr("attune.runners.base.get_runner", lambda *a, **k: FakeRunner())
+    monkeypatch.setattr(TorchRunner, "run", lambda self, spec: res)
     rc = main(["run", "--model", "tiny-llama", "--gpus", "2xcpu", "--out", str(tmp_path)])
     assert rc == 1
     cap = capsys.readouterr()

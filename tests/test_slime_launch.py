@@ -20,10 +20,10 @@ from attune.recipe.codec import from_recipe_blocks
 from attune.spec.model import load_model
 from attune.recipe import has_errors, lint, load_recipe, parse_run
 from attune.runners.base import FAILED, OK, OOM, TIMEOUT, TrialResult, TrialSpec
-from attune.runners.slime.cluster import ClusterFileError, load_cluster, parse_cluster_config
-from attune.runners.slime.jobs import JobOutcome
-from attune.runners.slime.launch import (LaunchError, command_for_recipe, model_args, slime_command,
-                                         stage_of_rank)
+from attune.runners.ray.cluster import ClusterFileError, load_cluster, parse_cluster_config
+from attune.runners.ray.jobs import JobOutcome
+from attune.runners.slime.launch import (ATTUNE_PACKAGE_DIR, LaunchError, command_for_recipe, model_args,
+                                         slime_command, stage_of_rank)
 from attune.runners.slime.runner import SlimeRunner, slime_result
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,7 +67,8 @@ def seed_cmd(seed):
 
 @pytest.fixture(scope="module")
 def seed_layout(seed):
-    return from_recipe_blocks(seed["layout"], seed["workload"])
+    # the seed's layout block omits precision_aware_optimizer; its run block passes --use-precision-aware-optimizer
+    return from_recipe_blocks(seed["layout"], seed["workload"], precision_aware_default=True)
 
 
 def cluster_data(tmp_path: Path, **over) -> dict:
@@ -141,7 +142,7 @@ def test_seed_launch_flag_by_flag(seed_cmd):
     # workload
     expect = {
         "--rollout-function-path": ("attune.slime_rollout.pretokenized_sft_rollout.generate_rollout",),
-        "--prompt-data": ("$SFT_DATA",), "--input-key": ("messages",), "--metadata-key": ("metadata",),
+        "--prompt-data": ("$SFT_DATA",), "--disable-rollout-global-dataset": (),
         "--num-rollout": ("20",), "--rollout-batch-size": ("128",), "--global-batch-size": ("128",),
         "--loss-type": ("sft_loss",), "--loss-mask-type": ("qwen3_5",), "--calculate-per-token-loss": (),
         "--disable-compute-advantages-and-returns": (), "--debug-train-only": (),
@@ -179,11 +180,12 @@ def test_seed_launch_flag_by_flag(seed_cmd):
 
 def test_seed_launch_covers_every_flag_of_the_seed_run(seed, seed_cmd):
     """Every flag of the seed's measured run comes back with the same value (bar the rollout function's
-    module path, which the seed abbreviates, and --tensorboard-dir, which slime does not read)."""
+    module path, which the seed abbreviates, --tensorboard-dir, which slime does not read, and --input-key /
+    --metadata-key, which made slime's global data source open the rows itself: issue 13, bug 2)."""
     ours = parse_run(seed_cmd.to_shell()).flag_dict()
     theirs = parse_run(seed["run"]).flag_dict()
     for flag, value in theirs.items():
-        if flag in ("--rollout-function-path", "--tensorboard-dir"):
+        if flag in ("--rollout-function-path", "--tensorboard-dir", "--input-key", "--metadata-key"):
             continue
         assert flag in ours, flag
         if value is not None and not value.startswith("$"):
@@ -355,6 +357,91 @@ def test_script_without_cluster_file_needs_the_path_variables(tmp_path, seed_cmd
     assert train["env"]["TENSORBOARD_DIR"] == "/p/attune-tp1-pp4-split16-rb12/tensorboard"
 
 
+# ---------------------------------------------------------------------------- issue 13: the launch must train
+@pytest.mark.parametrize("model, gpus, layout", [
+    ("Qwen3.6-27B", "8xH200", None),  # the seed's layout
+    ("Llama-3.1-8B", "8xH100", Layout(tp=1, pp=1, dp=8, max_tokens_per_gpu=8192)),
+])
+def test_slime_does_not_open_the_rows_itself(seed_cmd, model, gpus, layout):
+    """Bug 2: slime's global data source must not open --prompt-data (it reads --input-key prompts and, for a
+    checkpoint with a processor, dies before step 0); attune's rollout function reads args.prompt_data."""
+    if layout is None:
+        cmd = seed_cmd
+    else:
+        cmd = slime_command(load_model(model), parse_cluster(gpus), layout, Workload(seq_length=8192))
+    g = groups(cmd.flags)
+    assert g["--disable-rollout-global-dataset"] == ()
+    assert "--input-key" not in g and "--metadata-key" not in g
+    assert g["--prompt-data"] and g["--rollout-function-path"] == (
+        "attune.slime_rollout.pretokenized_sft_rollout.generate_rollout",)
+    rb = parse_run(cmd.to_shell())
+    assert rb.has_flag("--disable-rollout-global-dataset") and not rb.has_flag("--input-key")
+
+
+def test_runtime_env_ships_attune(seed_cmd, tmp_path, seed):
+    """Bug 3: slime's image has no attune; the job's runtime_env carries attune's package (py_modules), which
+    slime's RolloutManager and training actors inherit, with or without a cluster file."""
+    for cmd in (seed_cmd, command_for_recipe(seed, cfg_from(tmp_path))):
+        rt = cmd.runtime_env()
+        assert rt["py_modules"] == [ATTUNE_PACKAGE_DIR]
+        assert "__pycache__/" in rt["excludes"]
+    pkg = Path(ATTUNE_PACKAGE_DIR)
+    assert pkg.name == "attune" and (pkg / "__init__.py").is_file()
+    # what the nodes import from it: the rollout function named on the command line and the stack probe
+    assert (pkg / "slime_rollout" / "pretokenized_sft_rollout.py").is_file()
+    assert (pkg / "runners" / "slime" / "stack_probe.py").is_file()
+
+
+def test_missing_attune_on_the_node_is_not_fatal(tmp_path, seed):
+    """Bug 3: on an image without attune `python3 -m attune...stack_probe` fails; under `set -euo pipefail` the
+    old script stopped there, before train_async.py. The probe is reported and training still starts."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "python3"
+    fake.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                    "if sys.argv[1:3] == ['-m', 'attune.runners.slime.stack_probe']:\n"
+                    "    sys.stderr.write(\"No module named 'attune'\\n\")\n"
+                    "    sys.exit(1)\n"
+                    "print('FAKE ' + json.dumps(sys.argv[1:]))\n")
+    fake.chmod(0o755)
+    slime_dir = tmp_path / "slime"
+    slime_dir.mkdir()
+    data = cluster_data(tmp_path, nvlink=0, python=str(fake))
+    data["paths"].update(slime=str(slime_dir), output=str(tmp_path / "out"))
+    c = command_for_recipe(seed, parse_cluster_config(data, "c.yaml"))
+    (tmp_path / "launch.sh").write_text(c.to_shell())
+    p = subprocess.run(["bash", str(tmp_path / "launch.sh")], cwd=tmp_path, capture_output=True, text=True,
+                       env={"PATH": f"{bindir}:/usr/bin:/bin"}, timeout=60)
+    assert p.returncode == 0, p.stderr
+    runs = [json.loads(l[5:]) for l in p.stdout.splitlines() if l.startswith("FAKE ")]
+    assert len(runs) == 1 and runs[0][0] == "train_async.py"  # training ran
+    assert "No module named 'attune'" in p.stderr and "attune stack probe: not run" in p.stderr
+
+
+def test_launch_says_how_attune_reaches_the_nodes(tmp_path, seed_cmd):
+    """Bug 3: the printed launch (no cluster file) says how attune gets to the nodes, with a submission that
+    really carries it: run the comment's `ray job submit` line under bash with a stand-in `ray`."""
+    script = seed_cmd.to_shell()
+    assert "attune on the nodes" in script and "py_modules" in script
+    comment = [l[2:] for l in script.splitlines() if l.startswith("#   ")]
+    submit = next(l.strip() for l in comment if l.strip().startswith("ray job submit"))
+    args_file = tmp_path / "args.json"
+    stub = (f"ray() {{ {shlex.quote(sys.executable)} -c 'import json, sys; "
+            f"open(sys.argv[1], \"w\").write(json.dumps(sys.argv[2:]))' {shlex.quote(str(args_file))} \"$@\"; }}\n"
+            "ATTUNE_PKG=/opt/ship/attune\n" + submit + "\n")
+    p = subprocess.run(["bash", "-c", stub], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    argv = json.loads(args_file.read_text())
+    runtime_env = json.loads(argv[argv.index("--runtime-env-json") + 1])
+    want = seed_cmd.runtime_env()
+    assert runtime_env["py_modules"] == ["/opt/ship/attune"]
+    assert runtime_env["env_vars"] == want["env_vars"] and runtime_env["excludes"] == want["excludes"]
+    assert argv[argv.index("--") + 1:argv.index("--") + 2] == ["bash"]
+    # the comment is only a comment: the script's commands are unchanged by it
+    rb = parse_run(script)
+    assert rb.entrypoint == ["python3", "train_async.py"] and not any("ray" in c.split() for c in rb.other_commands)
+
+
 # ---------------------------------------------------------------------------- bad input
 def test_launch_rejects_mismatches(qwen, seed_layout):
     layout, workload = seed_layout
@@ -504,7 +591,7 @@ def test_runner_writes_log_result_and_launch(tmp_path):
     log = (LOGS / "success_20steps.log").read_text()
     jobs = FakeJobs(log)
     runner = SlimeRunner(cluster_file=EXAMPLE_CLUSTER, jobs=jobs, study="s1")
-    res = runner.run(seed_spec(tmp_path))
+    res = runner.run(seed_spec(tmp_path, trial_number=3))
     assert res.status == OK and res.gpu_hours == pytest.approx(8 * 1521.0 / 3600)
     assert (tmp_path / "log.txt").read_text() == log
     saved = TrialResult.from_dict(json.loads((tmp_path / "result.json").read_text()))
@@ -513,10 +600,11 @@ def test_runner_writes_log_result_and_launch(tmp_path):
     assert resources == {"attune_trial_slot": 1}
     assert sid.startswith("attune-s1-t0003-tp1-pp4-split16-rb12-") and res.extra["submission_id"] == sid
     assert runtime_env["env_vars"]["PYTHONPATH"] == "/root/Megatron-LM:/root/attune:${PYTHONPATH}"
+    assert runtime_env["py_modules"] == [ATTUNE_PACKAGE_DIR]  # attune travels with the job (issue 13, bug 3)
     assert shlex.split(entry)[2] == (tmp_path / "launch.sh").read_text()
     # the same trial maps to the same submission id (idempotent resubmission)
-    assert runner.submission_id_for(seed_spec(tmp_path)) == sid
-    assert runner.submission_id_for(seed_spec(tmp_path, label="trial 4")) != sid
+    assert runner.submission_id_for(seed_spec(tmp_path, trial_number=3)) == sid
+    assert runner.submission_id_for(seed_spec(tmp_path, trial_number=3, label="trial 4")) != sid
 
 
 def test_runner_needs_an_address():
@@ -524,14 +612,13 @@ def test_runner_needs_an_address():
 
     with pytest.raises(RunnerError, match="Ray cluster"):
         SlimeRunner()
-    with pytest.raises(RunnerError, match="trial kind"):
-        SlimeRunner(address="http://127.0.0.1:8265", trial_kind="jax")
 
 
-def test_runner_turns_launch_errors_into_runner_errors(tmp_path):
-    from attune.runners.base import RunnerError
+def test_runner_refuses_what_the_launch_refuses(tmp_path):
+    from attune.errors import UserInputError
 
     runner = SlimeRunner(jobs=FakeJobs(""))
     bad = seed_spec(tmp_path, cluster=parse_cluster("16xH200"))
-    with pytest.raises(RunnerError, match="16"):
+    assert any("16" in r for r in runner.check(bad))
+    with pytest.raises(UserInputError, match="16"):
         runner.run(bad)

@@ -182,6 +182,71 @@ def test_fixtures_up_to_date(tmp_path, monkeypatch):
     assert mod.TRAIN_TIMES == TIMES
 
 
+# ---- slime's real print formats (tests/fixtures/slime_logs/slime_624b824a_sft_2steps_per_rollout.log) ----
+# The fixture is hand-written from slime's print statements as documented, with file and line, in
+# /work/shared/reference/slime-runtime-and-moe.md section 3 and slime-and-qwen.md sections 2.1-2.3 (its header
+# quotes them); it is not produced by make_fixtures.py.
+REAL = "slime_624b824a_sft_2steps_per_rollout.log"
+REAL_TIMES = [61.37, 48.92, 49.15, 48.87]  # perf/actor_train_time per rollout, s (the fixture's header)
+REAL_TOKENS = [731245, 702918, 688401, 715560]  # tokens per rollout (dynamic batching: they differ)
+
+
+@pytest.fixture(scope="module")
+def real():
+    return parse_slime_log(_read(REAL), gpus=8, window=(1, 3))
+
+
+def test_real_format_window_throughput(real):
+    assert real.train_time_s == dict(enumerate(REAL_TIMES))
+    assert real.tokens == dict(enumerate(REAL_TOKENS))
+    assert real.complete and real.window_missing == ()
+    assert real.window_tokens == sum(REAL_TOKENS[1:4])
+    assert real.tokens_per_s_per_gpu == pytest.approx(sum(REAL_TOKENS[1:4]) / sum(REAL_TIMES[1:4]) / 8, rel=1e-12)
+    assert real.oom is None and real.crash is None
+
+
+def test_real_format_two_optimizer_steps_per_rollout(real):
+    # model.py:879: step = rollout_id * steps_per_rollout + step_id, so 4 rollouts give steps 0..7
+    assert sorted(real.loss) == list(range(8)) and sorted(real.train_time_s) == [0, 1, 2, 3]
+    assert real.loss[0] == 1.1042 and real.loss[7] == 1.0093
+    assert real.grad_norm_nan_count == 1 and math.isnan(real.grad_norm[5])
+
+
+def test_real_format_rollout_perf_lines_ignored(real):
+    # rollout_metrics.py:268 prints "perf N" too, without perf/actor_train_time
+    for metrics in real.train_perf.values():
+        assert "perf/rollout_time" not in metrics and "perf/actor_train_time" in metrics
+        assert metrics["perf/step_time"] == pytest.approx(metrics["perf/train_wait_time"] + metrics["perf/train_time"])
+
+
+def test_real_format_timer_fallback_uses_actor_train_only():
+    """Without the perf lines, times come from "Timer actor_train end" (0.1 s resolution), never from the
+    "Timer train end" / "Timer update_weights end" lines printed around it."""
+    text = "\n".join(ln for ln in _read(REAL).splitlines() if "train_metric_utils.py" not in ln)
+    run = parse_slime_log(text, gpus=8, window=(1, 3))
+    assert run.train_time_s == {0: 61.4, 1: 48.9, 2: pytest.approx(49.1, abs=0.051), 3: 48.9}
+    assert set(run.time_source.values()) == {"timer"} and run.tokens == {} and not run.complete
+
+
+def test_real_format_logging_prefix_and_critic_step():
+    """configure_logger's "[%(asctime)s{prefix}]" may carry a prefix inside the brackets; critic-step lines
+    (role_tag "critic-", model.py:918) are not the actor's loss."""
+    text = ("(MegatronTrainRayActor pid=7) [2026-08-21 09:15:32 rank 6] model.py:918 - step 0: "
+            "{'train/loss': 1.5, 'train/grad_norm': 2.0, 'train/step': 0}\n"
+            "(MegatronTrainRayActor pid=7) [2026-08-21 09:15:33] model.py:918 - critic-step 0: "
+            "{'train/value_loss': 9.0, 'train/step': 0}\n")
+    run = parse_slime_log(text, gpus=8, window=(0, 0))
+    assert run.loss == {0: 1.5} and run.grad_norm == {0: 2.0}
+
+
+def test_real_format_truncated_job_is_incomplete():
+    lines = _read(REAL).splitlines()
+    cut = next(i for i, ln in enumerate(lines) if "perf 2: {'perf/train_wait_time'" in ln)
+    run = parse_slime_log("\n".join(lines[:cut]), gpus=8, window=(1, 3))
+    assert run.window_missing == (2, 3) and not run.complete and run.crash is None
+    assert run.window_tokens == REAL_TOKENS[1]
+
+
 # ---- attune.runners.slime.stack_probe (kept here: the stack probe belongs to the slime runner) ----
 
 import subprocess  # noqa: E402
@@ -281,6 +346,12 @@ def test_stack_block_seed_shape():
     assert "2026-10-18" in s["source"]
     empty = stack_probe.stack_block({})
     assert empty["framework"] is None and empty["pytorch"] is None and empty["megatron_lm"] is None
+
+
+def test_probe_json_is_the_printed_line():
+    data = json.loads(stack_probe.probe_json([]))
+    assert set(data) == PROBE_KEYS
+    assert "source" in json.loads(stack_probe.probe_json(["--stack"]))
 
 
 def test_stack_probe_cli():

@@ -15,9 +15,10 @@ from attune.spec.engine import get_engine  # noqa: E402
 from attune.spec.hardware import parse_cluster  # noqa: E402
 from attune.spec.layout import Layout, Workload  # noqa: E402
 from attune.spec.model import load_model  # noqa: E402
-from attune.runners.base import (FAILED, OK, OOM, TIMEOUT, RunnerError, TrialResult, TrialSpec,  # noqa: E402
-                                 get_runner, window_metrics)
-from attune.runners.torch_runner import TorchRunner  # noqa: E402
+from attune.runners.base import (FAILED, OK, OOM, TIMEOUT, TrialResult, TrialSpec,  # noqa: E402
+                                 UnsupportedLayout, step_time_stats)
+from attune.runners.registry import get_runner  # noqa: E402
+from attune.runners.torch_runner import TorchRunner, torch_result  # noqa: E402
 from attune.runners.torch_worker import FAULT_ENV, FAULT_RANK_ENV, FAULT_STEP_ENV, lr_at  # noqa: E402
 
 # short rows, small batch, 20 steps: a trial takes a few seconds on 2 CPU cores
@@ -30,8 +31,8 @@ TIMEOUT_S = 120  # generous cap for the runs that should succeed
 
 
 def spec_for(layout, tmp: Path, model="tiny-qwen3.5", workload=WL, cluster="2xcpu", **kw) -> TrialSpec:
-    return TrialSpec(load_model(model), parse_cluster(cluster), layout, workload, get_engine("torch"),
-                     trial_dir=tmp, timeout_s=kw.pop("timeout_s", TIMEOUT_S), **kw)
+    return TrialSpec(model=load_model(model), cluster=parse_cluster(cluster), layout=layout, workload=workload,
+                     engine=get_engine("torch"), trial_dir=tmp, timeout_s=kw.pop("timeout_s", TIMEOUT_S), **kw)
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +52,15 @@ def test_unsupported_layouts_raise_before_launch(tmp_path):
     r = TorchRunner()
     for lay, word in ((Layout(tp=2, dp=1), "TP 2"), (Layout(cp=2, dp=1), "CP 2"),
                       (Layout(pp=2, vpp=2, dp=1), "VPP 2")):
-        with pytest.raises(RunnerError, match=f"{word}.*not supported by the torch runner"):
+        reasons = r.check(spec_for(lay, tmp_path / "x"))
+        assert len(reasons) == 1 and "\n" not in reasons[0]
+        assert reasons[0].startswith(f"{word} not supported by the torch runner")
+        with pytest.raises(UnsupportedLayout, match=f"{word}.*not supported by the torch runner"):
             r.run(spec_for(lay, tmp_path / "x"))
-    with pytest.raises(RunnerError, match="invalid"):
+    with pytest.raises(UnsupportedLayout, match="invalid"):
         r.run(spec_for(Layout(pp=1, dp=4), tmp_path / "y"))  # 4 ranks on a 2-worker cluster
-    assert not (tmp_path / "x" / "log.txt").exists() and not (tmp_path / "y").exists()
+    assert r.check(spec_for(PP2, tmp_path / "z")) == []
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists() and not (tmp_path / "z").exists()
 
 
 def test_command_is_torchrun_standalone(tmp_path):
@@ -73,22 +78,21 @@ def _records(tmp_path, recs):
 
 
 def test_classification_from_rank_records(tmp_path):
-    r = TorchRunner()
     spec = spec_for(PP2, tmp_path)
     # a stage-1 OOM followed by the peer's connection error: OOM on stage 1, even though both failed
     d = _records(tmp_path / "a", [
         {"rank": 0, "stage": 0, "status": "failed", "reason": "RuntimeError: Connection reset by peer", "failed_at": 2.0},
         {"rank": 1, "stage": 1, "status": "oom", "reason": "RuntimeError: can't allocate memory", "failed_at": 1.0}])
-    res = r._result(spec, d, "log", 1, False, 3.0)
+    res = torch_result(spec, d, "log", 1, False, 3.0)
     assert res.status == OOM and res.oom_stage == 1 and "stage 1 (rank 1)" in res.reason
     # nobody wrote a record and torchrun failed: FAILED with the exit code
-    res = r._result(spec, tmp_path / "empty", "boom\n" * 5, 1, False, 3.0)
+    res = torch_result(spec, tmp_path / "empty", "boom\n" * 5, 1, False, 3.0)
     assert res.status == FAILED and "code 1" in res.reason and "boom" in res.log_tail
     # the first rank to fail is the cause
     d = _records(tmp_path / "b", [
         {"rank": 0, "stage": 0, "status": "failed", "reason": "RuntimeError: Connection reset", "failed_at": 2.0},
         {"rank": 1, "stage": 1, "status": "failed", "reason": "ValueError: bad", "failed_at": 1.0}])
-    res = r._result(spec, d, "", 1, False, 3.0)
+    res = torch_result(spec, d, "", 1, False, 3.0)
     assert res.status == FAILED and "rank 1 (stage 1) failed: ValueError: bad" == res.reason
     assert res.gpu_hours == pytest.approx(2 * 3.0 / 3600)
 
@@ -124,10 +128,10 @@ def test_window_metrics_of_a_real_run(pp2_run):
     res, _ = pp2_run
     assert len(res.step_times_s) == WL.steps and all(t > 0 for t in res.step_times_s)
     assert res.window == (5, 19) and res.window_tokens == 15 * 128 * 4
-    tps, mean, cv = window_metrics(res.step_times_s, WL.tokens_per_step, 2, (5, 19))
-    assert res.tokens_per_s_per_gpu == pytest.approx(tps) and res.step_time_s == pytest.approx(mean)
-    assert res.step_time_cv_percent == pytest.approx(cv)
-    assert res.tokens_per_s_per_gpu == pytest.approx(128 * 4 / mean / 2, rel=1e-9)
+    st = step_time_stats(res.step_times_s[5:20], tokens=15 * WL.tokens_per_step, gpus=2)
+    assert res.tokens_per_s_per_gpu == pytest.approx(st.tokens_per_s_per_gpu) and res.step_time_s == pytest.approx(st.mean_s)
+    assert res.step_time_cv_percent == pytest.approx(st.cv_percent)
+    assert res.tokens_per_s_per_gpu == pytest.approx(128 * 4 / st.mean_s / 2, rel=1e-9)
     assert 0 < res.step_time_cv_percent < 100
     # worker-hours: 2 workers x the trial's wall time, start-up included
     assert res.wall_s > sum(res.step_times_s)

@@ -1,39 +1,43 @@
+"""The study: search spaces as package data, the typed TrialRecord, trials.csv, the Tuner on the sim runner
+(end to end, resume, kill), outputs under the working directory, and the CLI's errors."""
+
 import csv
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
-from pathlib import Path
+from dataclasses import replace
+from importlib import resources
 
 import optuna
 import pytest
 
+from attune.api.tune import default_out_dir, tune, tune_config
 from attune.cli import main
-from dataclasses import replace
-
+from attune.recipe import lint, load_recipe, schema_errors
+from attune.reporting import CSV_FIELDS, run_block, trials_frame, write_csv
+from attune.search.records import INTERRUPTED, TrialRecord, records, study_counts
+from attune.search.space import SearchSpaceError, bundled_spaces, load_space
+from attune.search.tuner import Tuner
 from attune.spec.layout import Workload
 from attune.spec.placement import stage_layer_counts
-from attune.recipe import lint, load_recipe, schema_errors
-from attune.search.space import SearchSpaceError, load_space
-from attune.search.study import ORPHAN_AGE_S
 
-REPO = Path(__file__).resolve().parents[1]
-SPACE = REPO / "search_spaces" / "dense.yaml"
-
-
-def _tune(out, *extra):
-    return main(["tune", "--model", "Qwen3.6-27B", "--gpus", "8xH200", "--out", str(out), "--no-copy",
-                 "--candidates", "8", *extra])
+# a small, fast sim study: 8 proposals per measured trial
+FAST = dict(model="Qwen3.6-27B", gpus="8xH200", candidates=8)
 
 
 def _study(out):
-    s = optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'study.db'}")
-    return s
+    return optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'study.db'}")
 
 
+def _measured_complete(study):
+    return [r for r in records(study) if r.is_measured and r.completed]
+
+
+# ------------------------------------------------------------------------------------------ search spaces
 def test_space_domains_fixed_and_baseline_round_trip(qwen, h200x8, slime, seed_cases):
-    sp = load_space(SPACE)
+    sp = load_space(None)
     d1, d2 = sp.distributions(), sp.distributions()
     assert d1 == d2 and {"first_offset", "last_offset", "recompute_layers", "tp", "pp"} <= set(d1)
     for name in ("rb12", "slime"):
@@ -43,6 +47,21 @@ def test_space_domains_fixed_and_baseline_round_trip(qwen, h200x8, slime, seed_c
         back = sp.to_layout(params, qwen, 8, Workload(), slime)
         assert back == replace(lay, first=back.first, last=back.last)
         assert stage_layer_counts(back, 64) == stage_layer_counts(lay, 64)
+
+
+def test_spaces_are_package_data(tmp_path, monkeypatch):
+    # found through importlib.resources, not the checkout: works from any directory and from a wheel
+    monkeypatch.chdir(tmp_path)
+    assert bundled_spaces() == ["dense", "small"]
+    files = {f.name for f in resources.files("attune.search.spaces").iterdir()}
+    assert {"dense.yaml", "small.yaml"} <= files
+    assert load_space(None).name == "dense" and load_space("small").name == "small"
+    assert load_space("small").fixed["tp"] == 1
+    own = tmp_path / "mine.yaml"
+    own.write_text("name: mine\nknobs:\n  pp: [1, 2]\n")
+    assert load_space(own).name == "mine" and load_space(str(own)).knobs == {"pp": (1, 2)}
+    with pytest.raises(SearchSpaceError, match="bundled spaces: dense, small"):
+        load_space("tiny")
 
 
 @pytest.mark.parametrize("text,needle", [
@@ -62,49 +81,149 @@ def test_bad_search_spaces(tmp_path, text, needle):
     assert str(p) in str(e.value)
 
 
-def test_tune_sim_end_to_end_and_resume(tmp_path, capsys):
+# ------------------------------------------------------------------------------------------ TrialRecord
+def _full_record() -> TrialRecord:
+    return TrialRecord(
+        role="candidate", runner="torch", host="h", pid=7, layout={"tp": 1, "pp": 2, "dp": 1, "first": 3, "last": 2},
+        label="TP1 PP2 3/2 DP1", predicted_tokens_per_s_per_gpu=120.0, predicted_step_time_s=1.5, predicted_mfu=0.1,
+        predicted_peak_gib=2.0, predicted_peak_stage=0, predicted_stage_gib=[2.0, 1.5], outcome="ok", measured=True,
+        gpu_hours=0.01, reason="slow start", log_tail="...", measured_peak_gib=[1.6, 1.2], tokens_per_s_per_gpu=100.0,
+        step_time_s=1.8, step_time_cv_percent=2.5, window=[5, 19], window_tokens=4096, losses={"0": 9.1, "1": 8.7},
+        extra={"note": "x"}, oom_stage=None)
+
+
+def test_trial_record_round_trip():
+    study = optuna.create_study(direction="maximize")
+    rec = _full_record()
+    t = study.ask()
+    rec.save(t)
+    study.tell(t, 100.0)
+    back = TrialRecord.from_trial(study.trials[0])
+    assert replace(back, number=None, state=None, value=None) == rec
+    assert (back.number, back.state, back.value) == (0, "COMPLETE", 100.0)
+    # the attribute names are the ones older studies hold (resume reads them)
+    assert set(rec.to_user_attrs()) == set(study.trials[0].user_attrs)
+    assert {"role", "layout", "predicted_peak_gib", "measured_peak_gib", "outcome", "losses"} <= set(rec.to_user_attrs())
+    # derived numbers: predicted against measured
+    assert back.measured_peak_max_gib == 1.6 and back.measured_throughput == 100.0
+    assert back.memory_error_percent == 25.0 and back.throughput_error_percent == 20.0
+    assert back.to_layout().pp == 2
+
+
+def test_trial_record_defaults_and_checks():
+    study = optuna.create_study()
+    t = study.ask()
+    study.tell(t, state=optuna.trial.TrialState.FAIL)
+    r = TrialRecord.from_trial(study.trials[0])
+    assert r.reason == INTERRUPTED and not r.is_measured and r.layout is None
+    with pytest.raises(KeyError):
+        r.to_layout()
+    with pytest.raises(ValueError, match="allowed baseline, candidate"):
+        TrialRecord(role="winner")
+    assert TrialRecord(measured=False, measured_peak_gib=[3.0]).measured_peak_max_gib is None  # sim: not measured
+
+
+def test_trials_csv_from_trials_dataframe(tmp_path):
+    study = optuna.create_study(direction="maximize")
+    t = study.ask()
+    _full_record().save(t)
+    study.tell(t, 100.0)
+    t = study.ask()
+    TrialRecord(kind="invalid", reason="TP 3 does not divide 8 GPUs").save(t)
+    study.tell(t, state=optuna.trial.TrialState.PRUNED)
+    assert list(trials_frame(study).columns) == CSV_FIELDS
+    rows = list(csv.DictReader(write_csv(study, tmp_path / "trials.csv").open()))
+    assert [r["number"] for r in rows] == ["0", "1"] and [r["state"] for r in rows] == ["COMPLETE", "PRUNED"]
+    assert rows[0]["measured_peak_gib"] == "1.6" and rows[0]["measured_tokens_per_s_per_gpu"] == "100.0"
+    assert rows[0]["memory_error_percent"] == "25.0" and rows[0]["first"] == "3" and rows[0]["tp"] == "1"
+    assert rows[1]["kind"] == "invalid" and rows[1]["label"] == "" and rows[1]["reason"].startswith("TP 3")
+
+
+# ------------------------------------------------------------------------------------------ the tuner, end to end
+def test_tune_sim_end_to_end_and_resume(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # nothing may land outside --out (recipes/ included)
     out = tmp_path / "run"
-    assert _tune(out, "--trials", "4") == 0
+    res = tune(**FAST, trials=2, out=out)
     s = _study(out)
-    measured = [t for t in s.trials if t.user_attrs.get("role")]
-    assert measured[0].user_attrs["role"] == "baseline"
-    assert measured[0].user_attrs["label"].startswith("TP4 SP PP2 34/30")
-    assert len([t for t in measured if t.state == optuna.trial.TrialState.COMPLETE]) == 4
+    measured = [r for r in records(s) if r.is_measured]
+    assert measured[0].role == "baseline" and measured[0].label.startswith("TP4 SP PP2 34/30")
+    assert len(_measured_complete(s)) == 2
+    assert res.outcome.best.label == "TP1 PP4 16/14 DP2 Rb12 mt8192"  # the seed recipe's winner
     # predicted OOMs never reach the runner: they are infeasible pruned trials with the overflowing stage
-    ooms = [t for t in s.trials if t.user_attrs.get("kind") == "oom-predicted"]
+    ooms = [t for t in s.trials if TrialRecord.from_trial(t).kind == "oom-predicted"]
     assert ooms and all(t.state == optuna.trial.TrialState.PRUNED and max(t.constraints.values()) > 0 for t in ooms)
-    assert all("stage" in t.user_attrs["reason"] for t in ooms)
-    assert all(not t.user_attrs.get("role") for t in ooms)
+    assert all("stage" in TrialRecord.from_trial(t).reason for t in ooms)
     # outputs
     r = load_recipe(out / "recipe.yaml")
-    assert schema_errors(r) == [] and not [f for f in lint(r) if f.severity == "error"]
+    assert schema_errors(r) == [] and not [f for f in lint(r) if f.severity == "error"] and not res.lint_errors
     assert r["status"] == "predicted" and r["result"]["tokens_per_s_per_gpu"] > 948
     assert "train_async.py" in r["run"] and "Gain over the baseline" in r["notes"]
     for png in ("best_so_far.png", "memory_by_stage.png", "candidates.png", "winner_vs_baseline.png"):
         assert (out / png).stat().st_size > 1000
     rows = list(csv.DictReader((out / "trials.csv").open()))
-    assert len(rows) == len(s.trials)
-    assert {"number", "state", "runner", "predicted_peak_gib", "measured_peak_gib", "predicted_tokens_per_s_per_gpu",
-            "measured_tokens_per_s_per_gpu", "reason"} <= set(rows[0])
+    assert len(rows) == len(s.trials) and list(rows[0]) == CSV_FIELDS
     report = (out / "report.md").read_text()
     assert "predicted out of memory" in report and "Gain" in report
+    assert res.saved_recipe is None and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    assert any(line.startswith("winner: TP1 PP4 16/14") for line in res.summary_lines())
     # rerunning resumes up to the new target instead of starting over
     n_before = len(s.trials)
-    assert _tune(out, "--trials", "6") == 0
+    tune(**FAST, trials=3, out=out, save_recipe=True, recipes_root=tmp_path / "checkout")
     s = _study(out)
-    assert len([t for t in s.trials if t.user_attrs.get("role") and t.state == optuna.trial.TrialState.COMPLETE]) == 6
-    assert len([t for t in s.trials if t.user_attrs.get("role") == "baseline"]) == 1
+    assert len(_measured_complete(s)) == 3
+    assert len([r for r in records(s) if r.role == "baseline"]) == 1
     n_after = len(s.trials)
     assert n_after > n_before
-    assert _tune(out, "--trials", "6") == 0
+    assert list((tmp_path / "checkout" / "recipes" / "qwen3.6-27b" / "h200").glob("attune-*.yaml"))
+    tune(**FAST, trials=3, out=out)
     assert len(_study(out).trials) == n_after  # target reached: nothing new
+    assert study_counts(_study(out)).measured_ok == 3
+
+
+def test_default_out_dir_is_under_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = tune_config(**FAST)
+    assert cfg.out_dir == default_out_dir("Qwen3.6-27B", "8xH200") and cfg.out_dir.parent == tmp_path / "reports"
+    assert cfg.storage == f"sqlite:///{cfg.out_dir / 'study.db'}"
+
+
+def test_recipe_run_block_is_the_measuring_runners(tmp_path):
+    slime_cfg = tune_config(**FAST, out=tmp_path / "s")
+    torch_cfg = tune_config(model="tiny-llama", gpus="2xcpu", runner="torch", out=tmp_path / "t")
+    assert torch_cfg.engine.name == "torch" and torch_cfg.space.name == "small" and torch_cfg.trials == 3
+    run, env = run_block(slime_cfg, slime_cfg.baseline)
+    assert "train_async.py" in run and env
+    run, env = run_block(torch_cfg, torch_cfg.baseline)
+    assert run.startswith("attune run --runner torch --model tiny-llama --gpus 2xcpu") and env == {}
+    assert "--pipeline-model-parallel-size" in run
+
+
+def test_stale_trials_failed_by_heartbeat(tmp_path):
+    cfg = tune_config(**FAST, trials=1, out=tmp_path, heartbeat_interval_s=1, grace_period_s=2)
+    tuner = Tuner(cfg)
+    study = tuner.open_study()
+    measured = tuner._ask()  # a measured trial whose tuner died: one heartbeat, then silence
+    TrialRecord(role="candidate").save(measured)
+    tuner._rdb.record_heartbeat(tuner._rdb.get_trial_id_from_study_id_trial_number(
+        tuner._rdb.get_study_id_from_name(cfg.study_name), measured.number))
+    tuner._ask()  # a proposal asked but never told: no role, no heartbeat
+    assert tuner.fail_stale_trials() == 0  # both too young to judge
+    time.sleep(3.2)  # > grace period (SQLite keeps heartbeat times to the second)
+    assert tuner.fail_stale_trials() == 2
+    failed = records(study, (optuna.trial.TrialState.FAIL,))
+    assert len(failed) == 2 and all(r.reason == INTERRUPTED for r in failed)
+
+
+# 2 proposals per measured trial keep each slot about a second long
+_KILLABLE = ("from attune.api.tune import tune; "
+             "tune(model='Qwen3.6-27B', gpus='8xH200', candidates=2, trials={trials}, out={out!r}, "
+             "heartbeat_interval_s=1, grace_period_s=2)")
 
 
 def test_study_survives_kill(tmp_path):
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "attune.cli", "tune", "--model", "Qwen3.6-27B", "--gpus", "8xH200", "--out", str(out),
-           "--no-copy", "--candidates", "8", "--trials", "40"]
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+    p = subprocess.Popen([sys.executable, "-c", _KILLABLE.format(trials=40, out=str(out))],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
     deadline = time.time() + 60
     while time.time() < deadline:
         time.sleep(0.5)
@@ -117,29 +236,32 @@ def test_study_survives_kill(tmp_path):
                 con.close()
             except sqlite3.Error:
                 n = 0
-            if n >= 3:
+            if n >= 2:  # the baseline finished, a candidate started
                 break
     p.send_signal(signal.SIGKILL)
     p.wait()
-    time.sleep(ORPHAN_AGE_S + 0.5)  # a trial asked but not yet tagged when the tuner died is judged by its age
+    time.sleep(3.2)  # past the grace period of 2 s: the killed tuner's trials are stale
     before = _study(out)
-    done_before = [t for t in before.trials if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("role")]
-    assert len(done_before) >= 2
-    assert _tune(out, "--trials", str(len(done_before) + 2)) == 0
+    done_before = _measured_complete(before)
+    assert len(done_before) >= 1
+    subprocess.run([sys.executable, "-c", _KILLABLE.format(trials=len(done_before) + 1, out=str(out))],
+                   check=True, cwd=tmp_path, capture_output=True)
     after = _study(out)
     assert not [t for t in after.trials if t.state == optuna.trial.TrialState.RUNNING]
-    done_after = [t for t in after.trials if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("role")]
-    assert len(done_after) == len(done_before) + 2
-    assert {t.number for t in done_before} <= {t.number for t in done_after}  # nothing finished was lost
+    done_after = _measured_complete(after)
+    assert len(done_after) == len(done_before) + 1
+    assert {r.number for r in done_before} <= {r.number for r in done_after}  # nothing finished was lost
 
 
+# ------------------------------------------------------------------------------------------ the CLI
 def test_journal_storage_and_study_mismatch(tmp_path, capsys):
     out = tmp_path / "j"
     journal = tmp_path / "shared.journal"
-    assert _tune(out, "--trials", "2", "--storage", str(journal), "--study-name", "shared") == 0
+    assert main(["tune", "--model", "Qwen3.6-27B", "--gpus", "8xH200", "--out", str(out), "--candidates", "8",
+                 "--trials", "2", "--storage", str(journal), "--study-name", "shared"]) == 0
     assert journal.stat().st_size > 0
     # the same study name for another model is refused, naming what differs
-    rc = main(["tune", "--model", "Llama-3.1-8B", "--gpus", "8xH200", "--out", str(out), "--no-copy",
+    rc = main(["tune", "--model", "Llama-3.1-8B", "--gpus", "8xH200", "--out", str(out),
                "--trials", "2", "--storage", str(journal), "--study-name", "shared"])
     assert rc == 2 and "created for model='Qwen3.6-27B'" in capsys.readouterr().err
 
@@ -150,13 +272,14 @@ def test_journal_storage_and_study_mismatch(tmp_path, capsys):
     (["--model", "Qwen3.6-27B", "--gpus", "8xH200", "--out", "/proc/attune-cannot-write"], "not writable"),
 ])
 def test_tune_bad_input(argv, needle, capsys):
-    assert main(["tune", "--no-copy", *argv]) == 2
+    assert main(["tune", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1
 
 
 def test_no_layout_fits(tmp_path, capsys):
-    rc = main(["tune", "--model", "Llama-3.1-70B", "--gpus", "1xA100", "--out", str(tmp_path / "x"), "--no-copy",
+    rc = main(["tune", "--model", "Llama-3.1-70B", "--gpus", "1xA100", "--out", str(tmp_path / "x"),
                "--candidates", "8", "--trials", "3"])
     err = capsys.readouterr().err
     assert rc == 1 and "no layout fits 1xA100" in err and "smallest shortfall" in err
+    assert (tmp_path / "x" / "trials.csv").exists()

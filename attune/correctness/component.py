@@ -31,6 +31,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from attune.errors import UserInputError, require
+
 # Pass rule of the seed recipes' component tests: "bound 2 x the default GPU optimizer's error
 # + 1e-3" (seeds/attune-tp1-pp4-split16-rb12.yaml, correctness.component_tests[0].detail).
 BOUND_FACTOR = 2.0
@@ -49,20 +51,15 @@ _DTYPE_NAMES = ("fp32", "bf16", "fp16")
 
 
 def _torch():
-    try:
-        import torch
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "attune.correctness.component needs PyTorch: pip install 'attune[torch]' "
-            "(on CPU-only machines install torch==2.13.0 from the CPU index first)") from exc
-    return torch
+    """PyTorch, imported on first use (``MissingDependency`` naming the ``torch`` extra when absent)."""
+    return require("torch", "torch")
 
 
 def _dtype(name: str):
     torch = _torch()
     table = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     if name not in table:
-        raise ValueError(f"unknown dtype {name!r}; expected one of {_DTYPE_NAMES}")
+        raise UserInputError(f"unknown dtype {name!r}; expected one of {_DTYPE_NAMES}")
     return table[name]
 
 
@@ -79,9 +76,10 @@ def decoder_layer_shapes(hidden: int, ffn: int, heads: int, kv_heads: int, head_
     `qk_norm` adds the per-head q/k RMSNorm weights (Qwen3 and Qwen3.5 `--qk-layernorm`).
     """
     if min(hidden, ffn, heads, kv_heads, head_dim) <= 0:
-        raise ValueError("all dimensions must be positive")
+        raise UserInputError(f"all dimensions must be positive (hidden {hidden}, ffn {ffn}, heads {heads}, "
+                             f"kv_heads {kv_heads}, head_dim {head_dim})")
     if heads % kv_heads:
-        raise ValueError(f"heads {heads} is not a multiple of kv_heads {kv_heads}")
+        raise UserInputError(f"heads {heads} is not a multiple of kv_heads {kv_heads}")
     q_out = heads * head_dim * (2 if attention_output_gate else 1)
     kv_out = kv_heads * head_dim
     shapes: dict[str, tuple[int, ...]] = {
@@ -216,7 +214,7 @@ class _State:
 def _offloaded_names(shapes: Mapping[str, Sequence[int]], fraction: float) -> set[str]:
     """Leading tensors holding `fraction` of the elements, whole tensors only, in order."""
     if not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"offload_fraction must be in [0, 1], got {fraction}")
+        raise UserInputError(f"offload_fraction must be in [0, 1], got {fraction}")
     total = sum(math.prod(s) for s in shapes.values())
     target = fraction * total
     chosen, running = set(), 0
@@ -368,11 +366,11 @@ def run_component_test(config: str, shapes: Mapping[str, Sequence[int]], steps: 
     """
     torch = _torch()
     if config not in CONFIGS:
-        raise ValueError(f"unknown config {config!r}; expected one of {CONFIGS}")
+        raise UserInputError(f"unknown config {config!r}; expected one of {CONFIGS}")
     if steps < 1:
-        raise ValueError("steps must be >= 1")
+        raise UserInputError(f"steps must be >= 1 (got {steps})")
     if not shapes:
-        raise ValueError("shapes is empty")
+        raise UserInputError("shapes is empty")
     h = AdamHyper(lr, betas[0], betas[1], eps, weight_decay)
 
     init_fp32 = _seeded_tensors(shapes, seed, 0, init_std)

@@ -1,9 +1,11 @@
 """Numerics rules: which argument differences between two arms need which correctness tests.
 
-The rules live in `numerics_rules.yaml` beside this module (its header documents the classes and
-tests). `diff_args` compares the training arguments of a reference arm and a candidate arm and
-classes each difference; `required_tests` says what must pass; `unverified_reasons` says why a
-recipe cannot be called verified given the tests that ran.
+The classes, the tests and the fnmatch patterns live in `numerics_rules.yaml` beside this module (its
+header documents them); each flag's own class, required tests, default and switch-ness come from the
+flag table, `attune/spec/megatron_flags.yaml` (`attune.spec.flags.flag_table`). `diff_args` compares
+the training arguments of a reference arm and a candidate arm and classes each difference;
+`required_tests` says what must pass; `unverified_reasons` says why a recipe cannot be called verified
+given the tests that ran.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence, Union
 
 import yaml
+
+from attune.spec.flags import TABLE_FILE, FlagSpec, flag_table
 
 RULES_PATH = Path(__file__).with_name("numerics_rules.yaml")
 
@@ -83,13 +87,26 @@ def _parse_rule(match: str, entry: Mapping[str, Any], tests: Mapping[str, str]) 
                 is_bool=entry.get("type") == "bool", note=entry.get("note"))
 
 
+def _table_rule(spec: FlagSpec, tests: Mapping[str, str]) -> Rule:
+    """The rule of a classed flag of the flag table: its class, tests, default and switch-ness."""
+    for test in spec.requires:
+        if test not in tests:
+            raise ValueError(f"{TABLE_FILE}: {spec.name} requires unknown test {test!r}")
+    switch = spec.arity == "switch"
+    default = None if switch or spec.default is None else _norm_value(spec.default)
+    return Rule(match=spec.name, cls=spec.cls, requires=spec.requires, default=default, is_bool=switch,
+                note=spec.note)
+
+
 def load_rules(path: str | Path | None = None) -> Rules:
-    """Load and validate the numerics rules (the packaged YAML unless `path` is given)."""
+    """Load and validate the numerics rules: the classed flags of the flag table plus the classes, tests
+    and patterns of `numerics_rules.yaml` (or of `path`; an `args:` mapping there adds or overrides
+    per-flag rules in the same form as the table's `class`/`requires`/`default`/`type: bool`)."""
     data = yaml.safe_load(Path(path or RULES_PATH).read_text())
     tests = dict(data.get("tests") or {})
     if CONVERGENCE not in tests:
         raise ValueError("numerics rules must define the convergence test")
-    args = {}
+    args = {name: _table_rule(spec, tests) for name, spec in flag_table().items() if spec.cls is not None}
     for flag, entry in (data.get("args") or {}).items():
         if not str(flag).startswith("--"):
             raise ValueError(f"numerics rule {flag!r} is not a --flag")
@@ -200,7 +217,7 @@ def diff_args(reference_args: Args, candidate_args: Args,
         if rule is None:
             msg = (f"{flag} differs (reference {r!r}, candidate {c!r}) and is not classed in the "
                    f"numerics rules; only the convergence check covers it: class it in "
-                   f"{RULES_PATH.name}")
+                   f"attune/spec/{TABLE_FILE}")
             warnings.warn(msg, UnknownArgumentWarning, stacklevel=2)
             diffs.append(ArgDiff(flag, r, c, "unknown", (CONVERGENCE,), None, msg))
         else:

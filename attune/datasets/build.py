@@ -387,7 +387,7 @@ def read_conversations(path: str) -> list[dict[str, Any]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:  # entry point: python3 -m attune.datasets.build
     ap = argparse.ArgumentParser(prog="python -m attune.datasets.build", description=__doc__.splitlines()[0])
     ap.add_argument("--input", required=True, help="conversations: .jsonl or .parquet with a 'messages' column")
     ap.add_argument("--tokenizer", required=True, help="tokenizer.json for the tokenizers library")

@@ -8,6 +8,7 @@ from .coefficients import DEFAULT, Coefficients
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
+from attune.spec.placement import place
 from attune.spec.rules import validate
 from attune.estimator.memory import MemoryEstimate, estimate_memory
 from attune.spec.model import ModelSpec
@@ -59,8 +60,11 @@ class Estimate:
 
 def estimate(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workload, engine: Engine,
              coef: Coefficients = DEFAULT, check_layout: bool = True) -> Estimate:
+    """Memory and performance of one layout. The placement (stages, chunks, batching, in-flight
+    microbatches) is derived once here and handed to both models."""
     if check_layout:
         validate(layout, model, cluster.world_size, workload, engine)
+    placement = place(model, layout, workload, engine)
     return Estimate(model, cluster, layout, workload, engine,
-                    estimate_memory(model, cluster, layout, workload, engine, coef),
-                    estimate_performance(model, cluster, layout, workload, engine, coef))
+                    estimate_memory(model, cluster, layout, workload, engine, coef, placement),
+                    estimate_performance(model, cluster, layout, workload, engine, coef, placement))

@@ -121,22 +121,6 @@ def layer_costs(m: ModelSpec, e: Engine, s: Shape) -> dict[str, LayerCost]:
     return out
 
 
-@lru_cache(maxsize=256)
-def type_prefix(m: ModelSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Prefix counts of full-attention and GDN layers, so a stage's mix is O(1)."""
-    full, lin = [0], [0]
-    for i in range(m.num_layers):
-        is_lin = m.layer_type(i) == LINEAR
-        full.append(full[-1] + (not is_lin))
-        lin.append(lin[-1] + is_lin)
-    return tuple(full), tuple(lin)
-
-
-def mix(m: ModelSpec, start: int, stop: int) -> tuple[int, int]:
-    full, lin = type_prefix(m)
-    return full[stop] - full[start], lin[stop] - lin[start]
-
-
 def logits_flops(m: ModelSpec, s: Shape) -> tuple[float, float]:
     """Forward output-layer GEMM FLOPs and its smallest dimension."""
     return 2 * s.tokens * m.hidden * m.vocab / s.tp, min(s.tokens, m.hidden, m.vocab / s.tp)

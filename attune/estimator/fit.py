@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .coefficients import DEFAULT, Coefficients
+from attune.estimator.coefficients import DEFAULT, Coefficients
+from attune.estimator.memory import estimate_memory
+from attune.estimator.performance import estimate_performance
+from attune.spec.engine import get_engine
+from attune.spec.flags import from_flags
+from attune.spec.hardware import parse_cluster
+from attune.spec.layout import Workload
+from attune.spec.model import load_model
 
 
 # The measurements the coefficients are fitted to: the seed recipe (8 x H200, Qwen3.6-27B, slime,
@@ -35,13 +42,6 @@ OBSERVATIONS = [
 
 
 def _evaluate(obs: dict, coef: "Coefficients"):
-    from attune.spec.engine import get_engine
-    from attune.spec.hardware import parse_cluster
-    from attune.spec.layout import Workload
-    from attune.spec.flags import from_flags
-    from attune.estimator.memory import estimate_memory
-    from attune.spec.model import load_model
-    from attune.estimator.performance import estimate_performance
 
     model, cluster, engine = load_model(obs["model"]), parse_cluster(obs["gpus"]), get_engine(obs["engine"])
     wl = Workload(seq_length=obs["seq_length"], global_batch=obs["global_batch"])

@@ -13,10 +13,10 @@ import math
 from dataclasses import dataclass, field
 
 from .coefficients import DEFAULT, Coefficients
-from attune.estimator.costs import BF16, FP32, Shape, layer_costs, mix
+from attune.estimator.costs import BF16, FP32, Shape, layer_costs
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster, GiB
-from attune.spec.placement import Batching, batching, chunk_ranges
+from attune.spec.placement import Batching, Placement, place, stage_params
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import FULL, LINEAR, ModelSpec
 
@@ -115,53 +115,37 @@ def optimizer_bytes(layout: Layout, fp32_training: bool = False) -> tuple[float,
     return BF16, grad, (1 - frac) * states / d, frac * 16 / d
 
 
-def _inflight(layout: Layout, rank: int, m: int) -> float:
-    """Microbatches whose activations a rank holds at its peak, in whole-rank equivalents.
-
-    1F1B: min(p - r, M). Interleaved: warm-up 2(p - r - 1) + (v - 1) p chunks plus the running one, capped at
-    M v, divided by v (megatron schedules.py; reference section 3).
-    """
-    p, v = layout.pp, layout.vpp
-    if v == 1:
-        return float(min(p - rank, m))
-    chunks = min(2 * (p - rank - 1) + (v - 1) * p + 1, m * v)
-    return chunks / v
-
-
 def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workload, engine: Engine,
-                    coef: Coefficients = DEFAULT) -> MemoryEstimate:
-    b = batching(layout, workload, engine)
+                    coef: Coefficients = DEFAULT, placement: Placement | None = None) -> MemoryEstimate:
+    """Each pipeline stage's peak memory; ``placement`` is derived here when the caller has none."""
+    pl = placement or place(model, layout, workload, engine)
+    b = pl.batch
     shape = Shape(layout.tp, layout.sp, layout.cp, b.tokens_per_gpu, workload.seq_length)
     costs = layer_costs(model, engine, shape)
     cpu = cluster.gpu.is_cpu
     # the torch runner keeps fp32 parameters (bf16 autocast on GPU, fp32 on CPU); Megatron/slime keep bf16 ones
-    w_b, g_b, o_b, h_b = optimizer_bytes(layout, fp32_training=cpu or engine.name == "torch")
+    w_b, g_b, o_b, h_b = optimizer_bytes(layout, fp32_training=cpu or engine.attune_trainer)
     act_scale = 2.0 if cpu else 1.0  # activations are fp32 on CPU, bf16 on GPU
-    ranges = chunk_ranges(layout, model.num_layers)
-    p = layout.pp
     stages: list[StageMemory] = []
     rec_full = layout.recompute_granularity == "full"
     n_rec = layout.recompute_num_layers or 0
-    for r in range(p):
-        params = 0.0
+    for st in pl.stages:
+        r = st.rank
         stored = 0.0  # activation bytes of one microbatch through all of this rank's chunks
         worst_layer = 0.0
         rebuilt = 0.0  # bytes rebuilt at once during a recomputed backward
-        n_layers = 0
-        for (a, z) in ranges[r]:
-            n_full, n_lin = mix(model, a, z)
-            n_layers += z - a
-            params += n_full * costs[FULL].params_on_gpu + (n_lin * costs[LINEAR].params_on_gpu if n_lin else 0)
+        for ch in st.chunks:
+            a, n_full, n_lin = ch.start, ch.full, ch.linear
             kinds = [costs[FULL]] + ([costs[LINEAR]] if n_lin else [])
             worst = max(k.act_bytes for k in kinds)
             worst_layer = max(worst_layer, worst)
             if not rec_full:
                 stored += n_full * costs[FULL].act_bytes + (n_lin * costs[LINEAR].act_bytes if n_lin else 0)
                 continue
-            n = z - a
+            n = ch.layers
             if layout.recompute_method == "block":
                 k = min(n_rec, n)  # the first k layers of each chunk keep only their input
-                f_rec, l_rec = mix(model, a, a + k)
+                f_rec, l_rec = model.count_types(a, a + k)
                 f_keep, l_keep = n_full - f_rec, n_lin - l_rec
                 stored += (k * costs[FULL].input_bytes
                            + f_keep * costs[FULL].act_bytes + (l_keep * costs[LINEAR].act_bytes if l_keep else 0))
@@ -171,14 +155,9 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload
                 groups = math.ceil(n / n_rec)
                 stored += groups * costs[FULL].input_bytes
                 rebuilt = max(rebuilt, min(n_rec, n) * worst)
-        first, last = r == 0, r == p - 1
-        if first:
-            params += (model.embedding_params / layout.tp) + model.position_params
-        if last:
-            params += model.output_params / layout.tp + model.final_norm_params
-            if first and model.tied_embeddings:
-                params -= model.output_params / layout.tp
-        inflight = _inflight(layout, r, b.microbatches)
+        first, last = st.is_first, st.is_last
+        params = stage_params(model, layout, r, lambda kind: costs[kind].params_on_gpu, st.ranges)
+        inflight = st.inflight
         # backward transient: the layer being differentiated (rebuilt if recomputed) plus its gradients,
         # about one more layer's worth; the embedding's dense bf16 gradient on the first stage
         transient = rebuilt + worst_layer
@@ -190,7 +169,7 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload
             logits = engine.logits_bytes_per_element * b.tokens_per_gpu * model.vocab / layout.tp
             logits += BF16 * b.tokens_per_gpu * model.hidden  # output-layer input
         stages.append(StageMemory(
-            stage=r, layers=n_layers, params=params,
+            stage=r, layers=st.layers, params=params,
             weights_gib=params * w_b / GiB, grads_gib=params * g_b / GiB, optimizer_gib=params * o_b / GiB,
             activations_gib=acts / GiB, logits_gib=logits / GiB,
             overhead_gib=coef.cpu_process_overhead_gib if cpu else coef.fixed_overhead_gib,

@@ -14,11 +14,12 @@ import math
 from dataclasses import dataclass, field, replace
 
 from .coefficients import DEFAULT, Coefficients
-from attune.estimator.costs import BF16, FP32, LayerCost, Shape, layer_costs, logits_flops, mix
+from attune.estimator.costs import BF16, FP32, LayerCost, Shape, layer_costs, logits_flops
+from attune.estimator.metrics import model_flops_utilization, usd_per_million_tokens
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
-from attune.spec.placement import batching, chunk_ranges
+from attune.spec.placement import Placement, place, stage_params
 from attune.spec.model import FULL, LINEAR, ModelSpec
 
 
@@ -92,13 +93,15 @@ def _layer_time(c: LayerCost, peak: float, hbm: float, tp_bw: float, cp_bw: floa
 
 
 def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workload, engine: Engine,
-                         coef: Coefficients = DEFAULT) -> PerfEstimate:
+                         coef: Coefficients = DEFAULT, placement: Placement | None = None) -> PerfEstimate:
+    """Step time, throughput, MFU and cost; ``placement`` is derived here when the caller has none."""
     gpu = cluster.gpu
     if gpu.is_cpu:  # CPU BLAS reaches its peak at far smaller GEMMs than GPU tiles do
         coef = replace(coef, gemm_half_dim=coef.cpu_gemm_half_dim)
     peak = gpu.bf16_tflops * 1e12
     hbm = gpu.hbm_gbps * 1e9
-    b = batching(layout, workload, engine)
+    pl = placement or place(model, layout, workload, engine)
+    b = pl.batch
     shape = Shape(layout.tp, layout.sp, layout.cp, b.tokens_per_gpu, workload.seq_length)
     costs = layer_costs(model, engine, shape)
     tp_bw = _link_gbps(layout.tp, 1, cluster, coef) * 1e9
@@ -106,7 +109,6 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
     times = {k: _layer_time(c, peak, hbm, tp_bw, cp_bw, layout.tp, coef) for k, c in costs.items()}
     rec_full = layout.recompute_granularity == "full"
     n_rec = layout.recompute_num_layers or 0
-    ranges = chunk_ranges(layout, model.num_layers)
     p, v, m = layout.pp, layout.vpp, b.microbatches
     # PP point-to-point: one activation forward and one gradient backward per chunk boundary
     pp_bytes = BF16 * b.tokens_per_gpu * model.hidden / (layout.tp if layout.sp else 1)
@@ -114,12 +116,13 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
     pp_bw = _link_gbps(2, stride, cluster, coef) * 1e9
     pp_send = pp_bytes / pp_bw + coef.collective_latency_s if p > 1 else 0.0
     stages: list[StageTime] = []
-    for r in range(p):
+    for st in pl.stages:
+        r = st.rank
         fwd = bwd = comm = 0.0
-        for (a, z) in ranges[r]:
-            n_full, n_lin = mix(model, a, z)
-            k = min(n_rec, z - a) if (rec_full and layout.recompute_method == "block") else (z - a if rec_full else 0)
-            f_rec, l_rec = mix(model, a, a + k) if k else (0, 0)
+        for ch in st.chunks:
+            a, n_full, n_lin = ch.start, ch.full, ch.linear
+            k = min(n_rec, ch.layers) if (rec_full and layout.recompute_method == "block") else (ch.layers if rec_full else 0)
+            f_rec, l_rec = model.count_types(a, a + k) if k else (0, 0)
             for kind, n, n_r in ((FULL, n_full, f_rec), (LINEAR, n_lin, l_rec)):
                 if not n:
                     continue
@@ -153,7 +156,8 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
 
     # DP: gradient reduce-scatter (fp32) + parameter all-gather (bf16) with the distributed optimizer, else an
     # fp32 all-reduce; over DP x CP ranks. slime does not overlap them (no --overlap-grad-reduce in its scripts).
-    params = _stage_params(model, layout, ranges, costs)
+    params = [stage_params(model, layout, st.rank, lambda kind: costs[kind].params_on_gpu, st.ranges)
+              for st in pl.stages]
     d = layout.dp * layout.cp
     dp_s = 0.0
     if d > 1:
@@ -176,21 +180,6 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
     overhead = engine.step_overhead_s
     step = pipeline + dp_s + optimizer_s + overhead
     tps = workload.tokens_per_step / step / layout.world_size
-    mfu = tps * 6 * model.active_params / peak
-    usd = gpu.usd_per_hour / 3600.0 / tps * 1e6
+    mfu = model_flops_utilization(tps, model, gpu)
+    usd = usd_per_million_tokens(tps, gpu)
     return PerfEstimate(step, tps, mfu, usd, pipeline, bubble, dp_s, optimizer_s, overhead, stages)
-
-
-def _stage_params(model: ModelSpec, layout: Layout, ranges, costs) -> list[float]:
-    out = []
-    for r, chunks in enumerate(ranges):
-        n = 0.0
-        for (a, z) in chunks:
-            f, lin = mix(model, a, z)
-            n += f * costs[FULL].params_on_gpu + (lin * costs[LINEAR].params_on_gpu if lin else 0)
-        if r == 0:
-            n += model.embedding_params / layout.tp
-        if r == len(ranges) - 1:
-            n += model.output_params / layout.tp
-        out.append(n)
-    return out

@@ -5,13 +5,23 @@ from __future__ import annotations
 from dataclasses import replace
 
 from attune.errors import LayoutError
-from ..spec.layout import Layout, Workload
-from ..spec.model import ModelSpec
-from ..spec.placement import Batching, stage_layer_counts
+from attune.spec.layout import Layout, Workload
+from attune.spec.model import ModelSpec
+from attune.spec.placement import Batching, stage_layer_counts
 
 
-def from_recipe_blocks(layout_block: dict, workload_block: dict | None = None, base: Workload | None = None) -> tuple[Layout, Workload]:
-    """Read the `layout` and `workload` blocks of a recipe (the seed's format)."""
+_LAYOUT_DEFAULTS = Layout()
+
+
+def from_recipe_blocks(layout_block: dict, workload_block: dict | None = None, base: Workload | None = None, *,
+                       precision_aware_default: bool | None = None) -> tuple[Layout, Workload]:
+    """Read the `layout` and `workload` blocks of a recipe (the seed's format).
+
+    ``precision_aware_default``: the precision-aware optimizer setting when the layout block omits
+    ``precision_aware_optimizer`` (``attune.recipe.target`` passes the run block's
+    ``--use-precision-aware-optimizer``); None: ``Layout``'s default (off). An offloaded optimizer is
+    always precision-aware.
+    """
     b = layout_block or {}
     if not isinstance(b, dict):
         raise LayoutError("recipe layout block must be a mapping")
@@ -29,7 +39,9 @@ def from_recipe_blocks(layout_block: dict, workload_block: dict | None = None, b
         recompute_method=rec.get("method") if gran == "full" else None,
         recompute_num_layers=rec.get("num_layers") if gran == "full" else None,
         distributed_optimizer=bool(b.get("distributed_optimizer", True)),
-        precision_aware_optimizer=bool(b.get("precision_aware_optimizer", True)),
+        precision_aware_optimizer=bool(b.get(
+            "precision_aware_optimizer",
+            _LAYOUT_DEFAULTS.precision_aware_optimizer if precision_aware_default is None else precision_aware_default)),
         precision=(workload_block or {}).get("precision", "bf16"),
     )
     if isinstance(off, dict):
@@ -44,6 +56,7 @@ def from_recipe_blocks(layout_block: dict, workload_block: dict | None = None, b
 
 
 def to_recipe_block(layout: Layout, model: ModelSpec, batch: Batching | None = None) -> dict:
+    """The recipe's `layout` block of ``layout`` (with its label, summary and highlights in words)."""
     L = layout
     counts = stage_layer_counts(L, model.num_layers)
     rec = ({"granularity": "full", "method": L.recompute_method, "num_layers": L.recompute_num_layers}

@@ -1,27 +1,36 @@
 """Read and write recipe YAML files in the reference recipe's style.
 
 The written style follows recipes/qwen3.6-27b/h200/attune-tp1-pp4-split16-rb12.yaml:
-keys in the order the schema lists them (which is the reference recipe's order), unknown
-keys after the known ones in their original order, multi-line strings (``run``,
-``notes``) as literal block scalars, block style everywhere, no anchors or aliases,
-unicode kept as is and long lines not folded.
+keys in the order the typed model (``attune.recipe.models.Recipe``) lists them, which is the
+reference recipe's order; unknown keys after the known ones in their original order; multi-line
+strings (``run``, ``notes``) as literal block scalars; block style everywhere; no anchors or
+aliases; unicode kept as is and long lines not folded. Reading then writing the seed recipe gives
+back its bytes after the three header comment lines (comments are not kept: ``write_recipe``
+takes a ``header`` to write them).
+
+``load_recipe``/``parse_recipe`` return the mapping as written (not validated: ``attune recipe
+validate`` reports every problem of a broken file); ``load_recipe_model`` returns the validated
+``Recipe``.
 """
 
 from __future__ import annotations
 
-from attune.errors import RecipeError
-
 import datetime as _dt
-from importlib import resources
+import json
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from attune.errors import RecipeError
+from attune.recipe.models import SCHEMA_FILE, Recipe, recipe_json_schema, validate_recipe
+
 __all__ = [
     "RecipeError",
     "load_schema",
     "load_recipe",
+    "load_recipe_model",
     "parse_recipe",
     "dump_recipe",
     "write_recipe",
@@ -104,10 +113,18 @@ def load_recipe(path: str | Path) -> dict:
     return parse_recipe(text, str(p))
 
 
+def load_recipe_model(path: str | Path) -> Recipe:
+    """Load one recipe file as a validated ``Recipe``. Raises RecipeError (one line, naming the file
+    and the first problem's path, e.g. ``r.yaml layout.tp: Input should be a valid integer (got '4')``)."""
+    return validate_recipe(load_recipe(path), source=str(path))
+
+
 def load_schema() -> dict:
-    """The recipe JSON Schema (attune/recipe/schema.yaml) as a dict."""
-    text = resources.files("attune.recipe").joinpath("schema.yaml").read_text(encoding="utf-8")
-    return yaml.safe_load(text)
+    """The published recipe JSON Schema (attune/recipe/recipe.schema.json, generated from ``Recipe``)."""
+    try:
+        return json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+    except FileNotFoundError:  # a source tree before `write_schema()` ran: the model is the source
+        return recipe_json_schema()
 
 
 def to_jsonable(value: Any) -> Any:
@@ -130,9 +147,14 @@ def _order_tree(schema: dict) -> dict:
 
     def resolve(node: Any) -> dict:
         seen = 0
-        while isinstance(node, dict) and "$ref" in node and seen < 8:
-            ref = node["$ref"]
-            node = defs.get(ref.rsplit("/", 1)[-1], {}) if ref.startswith("#/$defs/") else {}
+        while isinstance(node, dict) and seen < 8:
+            if "$ref" in node:
+                ref = node["$ref"]
+                node = defs.get(ref.rsplit("/", 1)[-1], {}) if ref.startswith("#/$defs/") else {}
+            elif "anyOf" in node:  # an optional block: {anyOf: [{$ref: ...}, {type: null}]}
+                node = next((b for b in node["anyOf"] if isinstance(b, dict) and b.get("type") != "null"), {})
+            else:
+                break
             seen += 1
         return node if isinstance(node, dict) else {}
 
@@ -154,6 +176,11 @@ def _order_tree(schema: dict) -> dict:
         return tree
 
     return walk(schema)
+
+
+@lru_cache(maxsize=1)
+def _key_order() -> dict:
+    return _order_tree(recipe_json_schema())
 
 
 def _plain(value: Any) -> Any:
@@ -196,13 +223,15 @@ def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
 _RecipeDumper.add_representer(str, _represent_str)
 
 
-def dump_recipe(recipe: dict, header: str | None = None) -> str:
-    """The recipe as YAML text in the reference recipe's style. `header`, when given, is
-    written first as comment lines (each prefixed with '# ')."""
+def dump_recipe(recipe: dict | Recipe, header: str | None = None) -> str:
+    """The recipe (a mapping or a ``Recipe``) as YAML text in the reference recipe's style. `header`,
+    when given, is written first as comment lines (each prefixed with '# ')."""
+    if isinstance(recipe, Recipe):
+        recipe = recipe.to_dict()
     if not isinstance(recipe, dict):
-        raise TypeError(f"dump_recipe: expected a dict, got {type(recipe).__name__}")
+        raise TypeError(f"dump_recipe: expected a dict or a Recipe, got {type(recipe).__name__}")
     body = yaml.dump(
-        _ordered(recipe, _order_tree(load_schema())),
+        _ordered(recipe, _key_order()),
         Dumper=_RecipeDumper,
         sort_keys=False,
         default_flow_style=False,
@@ -215,7 +244,7 @@ def dump_recipe(recipe: dict, header: str | None = None) -> str:
     return body
 
 
-def write_recipe(recipe: dict, path: str | Path, header: str | None = None) -> Path:
+def write_recipe(recipe: dict | Recipe, path: str | Path, header: str | None = None) -> Path:
     """Write the recipe to `path` (parents created) in the reference style; returns the path."""
     p = Path(path)
     text = dump_recipe(recipe, header=header)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .io import get_path
+from attune.recipe.io import get_path
 
 __all__ = ["summarize", "summary_rows", "render"]
 

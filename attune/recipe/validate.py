@@ -1,24 +1,31 @@
 """Validate recipes: JSON Schema errors with paths, and lint findings.
 
-`schema_errors` checks the recipe against attune/recipe/schema.yaml.
+`schema_errors` checks the recipe against the typed model (attune/recipe/models.py).
 `lint` adds the checks a schema cannot express: that `run` starts a real slime entrypoint
 with flags slime / Megatron-LM accept, that the layout flags in `run` agree with the
 `layout` block, and that the layout, workload and result blocks are consistent.
+What a flag is (known, arity, type, choices, the layout key it must agree with) comes from the
+flag table, attune/spec/megatron_flags.yaml; the layout rules are attune.spec.rules.check's.
 """
 
 from __future__ import annotations
 
 import re
 import reprlib
-from dataclasses import dataclass
-from importlib import resources
+from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 from typing import Any, Iterable
 
-import yaml
-from jsonschema import Draft202012Validator
+from attune.errors import FlagError, UserInputError
+from attune.recipe.codec import from_recipe_blocks
+from attune.recipe.models import schema_issues as _model_schema_issues
+from attune.recipe.target import DEFAULT_ENGINE
+from attune.spec.engine import get_engine
+from attune.spec.flags import FlagSpec, flag_prefixes, flag_table, known_flag
+from attune.spec.model import load_model
+from attune.spec.rules import check as layout_rules
 
-from .io import load_schema, to_jsonable, get_path
+from .io import get_path
 from .runblock import RunBlock, is_expansion, parse_run
 
 __all__ = ["Finding", "schema_errors", "lint", "load_known_flags", "has_errors"]
@@ -31,44 +38,15 @@ WARNING = "warning"
 _SLIME_ENTRYPOINTS = ("train.py", "train_async.py")
 _ASYNC_ENTRYPOINT = "train_async.py"
 
-# argparse `choices` of Megatron-LM 1dcf0daf megatron/training/arguments.py for the flags
-# lint checks by value (--recompute-granularity/-method in _add_training_args,
-# --moe-token-dispatcher-type in _add_moe_args, --attention-backend = AttnBackend enum names).
-_FLAG_CHOICES = {
-    "--recompute-granularity": ("full", "selective"),
-    "--recompute-method": ("uniform", "block"),
-    "--moe-token-dispatcher-type": ("allgather", "alltoall", "flex"),
-    "--attention-backend": ("flash", "fused", "unfused", "local", "auto"),
-}
-
-# Layout field <- run flag, with the value the run gets when the flag is absent.
-# Defaults: Megatron-LM 1dcf0daf arguments.py (parallel sizes default to 1, recompute and
-# layer-split flags to None, --sequence-parallel off); slime arguments.py for
-# --max-tokens-per-gpu (None). "none" is the layout's name for "no --recompute-granularity".
-# --expert-tensor-parallel-size defaults to the TP size (Megatron validate_args), handled in
-# code. Kind: int | str | switch.
-_LAYOUT_FLAGS: tuple[tuple[str, tuple[str, ...], str, Any], ...] = (
-    ("--tensor-model-parallel-size", ("tp",), "int", 1),
-    ("--pipeline-model-parallel-size", ("pp",), "int", 1),
-    ("--context-parallel-size", ("cp",), "int", 1),
-    ("--expert-model-parallel-size", ("ep",), "int", 1),
-    ("--expert-tensor-parallel-size", ("etp",), "int", None),
-    ("--decoder-first-pipeline-num-layers", ("layer_split", "first"), "int", None),
-    ("--decoder-last-pipeline-num-layers", ("layer_split", "last"), "int", None),
-    ("--recompute-granularity", ("recompute", "granularity"), "str", "none"),
-    ("--recompute-method", ("recompute", "method"), "str", None),
-    ("--recompute-num-layers", ("recompute", "num_layers"), "int", None),
-    ("--max-tokens-per-gpu", ("max_tokens_per_gpu",), "int", None),
-    ("--sequence-parallel", ("sequence_parallel",), "switch", False),
-    ("--num-virtual-stages-per-pipeline-rank", ("vpp",), "int", 1),
-    ("--moe-token-dispatcher-type", ("dispatcher",), "str", None),
-)
-# Layout keys compared only when the recipe has them (attune's optional layout keys).
-_OPTIONAL_LAYOUT_SWITCHES = (
-    ("--use-precision-aware-optimizer", "precision_aware_optimizer"),
-)
-# Megatron-LM default of --optimizer-offload-fraction (arguments.py, _add_training_args).
-_DEFAULT_OFFLOAD_FRACTION = 1.0
+# Which flags slime / Megatron-LM accept, their arity, value types and choices, and which run flag must
+# agree with which layout key (`recipe:`), all come from the flag table attune/spec/megatron_flags.yaml
+# (attune.spec.flags.flag_table). The optimizer-offload keys are one optional mapping in the recipe
+# (null: no offload) and are compared by _check_offload.
+_OFFLOAD = "layout.offload"
+_ETP = "--expert-tensor-parallel-size"
+_TP = "--tensor-model-parallel-size"
+_VPP = "--num-virtual-stages-per-pipeline-rank"
+_LAYERS_PER_VSTAGE = "--num-layers-per-virtual-pipeline-stage"
 _SHELL_EXPR_RE = re.compile(r"[$`]")
 
 _short = reprlib.Repr()
@@ -92,56 +70,9 @@ def has_errors(findings: Iterable[Finding]) -> bool:
 
 # ------------------------------------------------------------------- schema
 
-def _fmt_path(parts: Iterable[Any]) -> str:
-    out = ""
-    for p in parts:
-        if isinstance(p, int):
-            out += f"[{p}]"
-        else:
-            out += ("." if out else "") + str(p)
-    return out or "(root)"
-
-
-def _join(path: str, key: str) -> str:
-    return key if path == "(root)" else f"{path}.{key}"
-
-
 def _schema_issues(recipe: Any) -> list[tuple[str, str]]:
-    schema = load_schema()
-    validator = Draft202012Validator(schema)
-    issues: list[tuple[str, str]] = []
-    for err in validator.iter_errors(to_jsonable(recipe)):
-        path = _fmt_path(err.absolute_path)
-        inst = err.instance
-        if err.validator == "required" and isinstance(inst, dict):
-            for key in err.validator_value:
-                if key not in inst:
-                    issues.append((_join(path, key), "required key is missing"))
-        elif err.validator == "additionalProperties" and isinstance(inst, dict):
-            props = err.schema.get("properties", {})
-            patterns = err.schema.get("patternProperties", {})
-            for key in inst:
-                if key not in props and not any(re.search(pat, key) for pat in patterns):
-                    issues.append((_join(path, str(key)), "unexpected key"))
-        elif err.validator == "enum":
-            issues.append((path, f"{_short.repr(inst)} is not one of {err.validator_value!r}"))
-        elif err.validator == "type":
-            want = err.validator_value
-            want_s = " or ".join(want) if isinstance(want, list) else want
-            issues.append((path, f"{_short.repr(inst)} is not of type {want_s}"
-                                 f" (got {type(inst).__name__})"))
-        else:
-            msg = err.message
-            if len(msg) > 200:
-                msg = msg[:197] + "..."
-            issues.append((path, msg))
-    seen: set[tuple[str, str]] = set()
-    unique = []
-    for item in sorted(issues):
-        if item not in seen:
-            seen.add(item)
-            unique.append(item)
-    return unique
+    """(path, message) of every schema violation, checked through the pydantic model (attune.recipe.models)."""
+    return _model_schema_issues(recipe)
 
 
 def schema_errors(recipe: Any) -> list[str]:
@@ -153,19 +84,13 @@ def schema_errors(recipe: Any) -> list[str]:
 # ------------------------------------------------------------------- lint helpers
 
 def load_known_flags() -> dict[str, Any]:
-    """known_flags.yaml as {"flags": {flag: kind}, "origin": {flag: group},
-    "prefixes": {prefix: kind}}."""
-    text = resources.files("attune.recipe").joinpath("known_flags.yaml").read_text(encoding="utf-8")
-    data = yaml.safe_load(text) or {}
-    flags: dict[str, str] = {}
-    origin: dict[str, str] = {}
-    for group, entries in data.items():
-        if group == "prefixes" or not isinstance(entries, dict):
-            continue
-        for flag, kind in entries.items():
-            flags[flag] = kind
-            origin[flag] = group
-    return {"flags": flags, "origin": origin, "prefixes": dict(data.get("prefixes") or {})}
+    """The flag table (attune/spec/megatron_flags.yaml) in the shape of the old known_flags.yaml:
+    {"flags": {flag: arity}, "origin": {flag: owner}, "prefixes": {prefix: arity}}; arity is
+    switch | value | values. A view: `attune.spec.flags.flag_table` holds the full records."""
+    table = flag_table()
+    return {"flags": {name: spec.arity for name, spec in table.items()},
+            "origin": {name: spec.owner for name, spec in table.items()},
+            "prefixes": {spec.name: spec.arity for spec in flag_prefixes()}}
 
 
 _get = get_path
@@ -191,15 +116,6 @@ def _as_float(text: str | None) -> float | None:
         return float(text)
     except ValueError:
         return None
-
-
-def _kind(flag: str, known: dict[str, Any]) -> str | None:
-    kind = known["flags"].get(flag)
-    if kind is None:
-        for prefix, pkind in known["prefixes"].items():
-            if flag.startswith(prefix):
-                return pkind
-    return kind
 
 
 def _check_entrypoint(rb: RunBlock, out: list[Finding]) -> str | None:
@@ -228,7 +144,7 @@ def _check_entrypoint(rb: RunBlock, out: list[Finding]) -> str | None:
     return base
 
 
-def _check_flags(rb: RunBlock, known: dict[str, Any], out: list[Finding]) -> None:
+def _check_flags(rb: RunBlock, out: list[Finding]) -> None:
     seen: dict[str, int] = {}
     for flag, args in rb.flag_args:
         if is_expansion(flag):
@@ -236,37 +152,62 @@ def _check_flags(rb: RunBlock, known: dict[str, Any], out: list[Finding]) -> Non
         seen[flag] = seen.get(flag, 0) + 1
         if seen[flag] == 2:
             out.append(Finding(WARNING, "run", f"{flag} is given more than once (argparse keeps the last)"))
-        kind = _kind(flag, known)
-        if kind is None:
+        spec = known_flag(flag)
+        if spec is None:
             out.append(Finding(WARNING, "run", f"unknown flag {flag}: not a known slime or Megatron-LM flag"))
             continue
-        if kind == "switch" and args:
+        if spec.arity == "switch" and args:
             out.append(Finding(ERROR, "run", f"{flag} takes no value but is followed by {' '.join(args)!r}"))
-        elif kind == "value" and len(args) != 1:
+            continue
+        if spec.arity == "value" and len(args) != 1:
             what = "no value" if not args else f"{len(args)} values ({' '.join(args)!r})"
             out.append(Finding(ERROR, "run", f"{flag} takes one value, got {what}"))
-        elif kind == "values" and not args and flag not in ("--spec", "--recompute-modules"):
+            continue
+        if spec.arity == "values" and len(args) < spec.min_values:
             out.append(Finding(ERROR, "run", f"{flag} needs at least one value"))
-        choices = _FLAG_CHOICES.get(flag)
-        if choices and len(args) == 1 and not _SHELL_EXPR_RE.search(args[0]) and args[0] not in choices:
-            out.append(Finding(ERROR, "run", f"{flag} {args[0]!r} is not one of {list(choices)}"))
+            continue
+        # the value's type and choices, as argparse checks them at launch (shell expressions are not known here)
+        for arg in args:
+            if _SHELL_EXPR_RE.search(arg):
+                continue
+            try:
+                spec.convert(arg)
+            except FlagError as e:
+                out.append(Finding(ERROR, "run", str(e)))
+                break
     for word in rb.positionals:
         out.append(Finding(ERROR, "run", f"stray argument {word!r} after the entrypoint (not a flag value)"))
 
 
-def _run_value(flags: dict[str, str | None], flag: str, kind: str, default: Any) -> tuple[bool, Any]:
-    """(known, value) of a layout flag in the run; known is False for shell expressions."""
-    if flag not in flags:
-        return True, default
-    raw = flags[flag]
-    if kind == "switch":
+def _run_value(flags: dict[str, str | None], spec: FlagSpec, absent: Any) -> tuple[bool | None, Any]:
+    """(comparable, value) of a flag in the run: comparable is False for a shell expression and None
+    for a literal that is not a valid value (_check_flags reports it)."""
+    if spec.name not in flags:
+        return True, absent
+    raw = flags[spec.name]
+    if spec.arity == "switch":
         return True, True
     if raw is None or _SHELL_EXPR_RE.search(raw):
         return False, raw
-    if kind == "int":
-        v = _as_int(raw)
-        return (v is not None), (v if v is not None else raw)
-    return True, raw
+    try:
+        return True, (int(raw) if spec.type == "int" else float(raw) if spec.type == "float" else raw)
+    except ValueError:
+        return None, raw
+
+
+def _recipe_specs(prefix: str) -> list[FlagSpec]:
+    """The table's flags compared with a recipe key under ``prefix``, in table order."""
+    return [s for s in flag_table().values() if s.recipe is not None and (s.recipe + ".").startswith(prefix + ".")]
+
+
+def _by_recipe(path: str) -> FlagSpec:
+    return next(s for s in flag_table().values() if s.recipe == path)
+
+
+def _has_key(block: dict, keys: list[str]) -> bool:
+    for k in keys[:-1]:
+        block = block.get(k) if isinstance(block, dict) else None
+    return isinstance(block, dict) and keys[-1] in block
 
 
 def _check_layout_agreement(recipe: dict, rb: RunBlock, out: list[Finding]) -> None:
@@ -275,57 +216,62 @@ def _check_layout_agreement(recipe: dict, rb: RunBlock, out: list[Finding]) -> N
         return
     flags = rb.flag_dict()
     opaque = any(is_expansion(k) for k, _ in rb.flags)
-    for flag, keys, kind, default in _LAYOUT_FLAGS:
-        path = "layout." + ".".join(keys)
+    for spec in _recipe_specs("layout"):
+        if spec.recipe == _OFFLOAD or spec.recipe.startswith(_OFFLOAD + "."):
+            continue
+        flag, path, keys = spec.name, spec.recipe, spec.recipe.split(".")[1:]
+        if spec.recipe_optional and not _has_key(layout, keys):
+            continue  # the run block is the source of this key when the recipe leaves it out
         want = _get(layout, *keys)
-        if flag == "--expert-tensor-parallel-size":
-            ok, tp = _run_value(flags, "--tensor-model-parallel-size", "int", 1)
-            default = tp if ok else None
-        if keys == ("vpp",) and want is None:
-            want = 1
-        if keys == ("recompute", "granularity") and want is None:
-            want = "none"
-        if flag == "--num-virtual-stages-per-pipeline-rank" and flag not in flags \
-                and "--num-layers-per-virtual-pipeline-stage" in flags:
-            out.append(Finding(WARNING, path, "run sets VPP with --num-layers-per-virtual-pipeline-stage; "
+        if want is None and spec.has_unset:
+            want = spec.absent  # the layout's own name for "the flag is absent" (VPP 1, recompute "none")
+        absent = spec.absent
+        if flag == _ETP:  # Megatron-LM validate_args: ETP defaults to the TP size
+            ok, tp = _run_value(flags, flag_table()[_TP], flag_table()[_TP].absent)
+            absent = tp if ok else None
+        if flag == _VPP and flag not in flags and _LAYERS_PER_VSTAGE in flags:
+            out.append(Finding(WARNING, path, f"run sets VPP with {_LAYERS_PER_VSTAGE}; "
                                               "lint cannot compare it with layout.vpp"))
             continue
-        ok, got = _run_value(flags, flag, kind, default)
+        ok, got = _run_value(flags, spec, absent)
+        if ok is None:
+            continue
         if not ok:
             out.append(Finding(WARNING, path, f"cannot compare {flag} {got!r} (a shell expression) with {want!r}"))
             continue
         if got == want:
             continue
         if flag in flags:
-            shown = flag if kind == "switch" else f"{flag} {flags[flag]}"
+            shown = flag if spec.arity == "switch" else f"{flag} {flags[flag]}"
             out.append(Finding(ERROR, path, f"run has {shown}, layout says {want!r}"))
         else:
             sev = WARNING if opaque else ERROR
             hint = " (it may come from an opaque ${...[@]} expansion)" if opaque else ""
             out.append(Finding(sev, path, f"run does not set {flag} (so {got!r}), layout says {want!r}{hint}"))
-    for flag, key in _OPTIONAL_LAYOUT_SWITCHES:
-        if key in layout and isinstance(layout[key], bool) and (flag in flags) != layout[key]:
-            has = "has" if flag in flags else "does not have"
-            out.append(Finding(ERROR, f"layout.{key}", f"run {has} {flag}, layout says {layout[key]!r}"))
+    _check_offload(layout, flags, out)
+
+
+def _check_offload(layout: dict, flags: dict[str, str | None], out: list[Finding]) -> None:
+    offload_flag = _by_recipe(_OFFLOAD).name
+    fraction, overlap = _by_recipe(_OFFLOAD + ".fraction"), _by_recipe(_OFFLOAD + ".overlap")
     offload = layout.get("offload")
-    has_offload = "--optimizer-cpu-offload" in flags
+    has_offload = offload_flag in flags
     if offload is None and has_offload:
-        out.append(Finding(ERROR, "layout.offload", "run has --optimizer-cpu-offload, layout says no offload (null)"))
+        out.append(Finding(ERROR, _OFFLOAD, f"run has {offload_flag}, layout says no offload (null)"))
     elif isinstance(offload, dict):
         if not has_offload:
-            out.append(Finding(ERROR, "layout.offload", "layout has optimizer offload, run lacks --optimizer-cpu-offload"))
+            out.append(Finding(ERROR, _OFFLOAD, f"layout has optimizer offload, run lacks {offload_flag}"))
         else:
-            frac = _as_float(flags.get("--optimizer-offload-fraction")) \
-                if "--optimizer-offload-fraction" in flags else _DEFAULT_OFFLOAD_FRACTION
+            frac = _as_float(flags.get(fraction.name)) if fraction.name in flags else fraction.absent
             if frac is not None and isinstance(offload.get("fraction"), (int, float)) \
                     and abs(frac - float(offload["fraction"])) > 1e-9:
-                out.append(Finding(ERROR, "layout.offload.fraction",
+                out.append(Finding(ERROR, fraction.recipe,
                                    f"run offloads fraction {frac}, layout says {offload['fraction']!r}"))
-            overlap = "--overlap-cpu-optimizer-d2h-h2d" in flags
-            if isinstance(offload.get("overlap"), bool) and overlap != offload["overlap"]:
-                has = "has" if overlap else "does not have"
-                out.append(Finding(ERROR, "layout.offload.overlap",
-                                   f"run {has} --overlap-cpu-optimizer-d2h-h2d, layout says {offload['overlap']!r}"))
+            has_overlap = overlap.name in flags
+            if isinstance(offload.get("overlap"), bool) and has_overlap != offload["overlap"]:
+                has = "has" if has_overlap else "does not have"
+                out.append(Finding(ERROR, overlap.recipe,
+                                   f"run {has} {overlap.name}, layout says {offload['overlap']!r}"))
 
 
 def _check_run_vs_recipe(recipe: dict, rb: RunBlock, script: str | None, out: list[Finding]) -> None:
@@ -371,35 +317,89 @@ def _check_run_vs_recipe(recipe: dict, rb: RunBlock, script: str | None, out: li
                 out.append(Finding(WARNING, f"env.{key}", f"run exports {key}, missing from env"))
 
 
-def _check_layout(recipe: dict, out: list[Finding]) -> None:
+# Where each message of attune.spec.rules.check points in the recipe (first match wins), and the
+# rules lint reports as warnings: Megatron-LM turns sequence parallelism off at TP 1 (validate_args)
+# rather than failing, and EP > 1 is a limit of attune's models, not of the recipe.
+_RULE_PATHS: tuple[tuple[str, str], ...] = (
+    (r"^world size", "layout.dp"),
+    (r"^micro_batch_size must", "layout.rows_per_microbatch"),
+    (r"^(tp|pp|dp|cp|vpp) must be", "layout.{0}"),
+    (r"^EP ", "layout.ep"),
+    (r"^TP x CP", "layout.tp"),
+    (r"^TP ", "layout.tp"),
+    (r"^sequence parallelism", "layout.sequence_parallel"),
+    (r"^PP ", "layout.pp"),
+    (r"^(first/last|layer split)|divide evenly|stage", "layout.layer_split"),
+    (r"^(VPP|virtual pipeline)", "layout.vpp"),
+    (r"recompute", "layout.recompute"),
+    (r"^optimizer CPU offload|^offload fraction", "layout.offload"),
+    (r"^the precision-aware optimizer", "layout.precision_aware_optimizer"),
+    (r"distributed optimizer", "layout.distributed_optimizer"),
+    (r"^global batch", "workload.global_batch"),
+    (r"^sequence length", "workload.row_tokens"),
+    (r"^max tokens", "layout.max_tokens_per_gpu"),
+    (r"precision|bf16", "workload.precision"),
+)
+_RULE_WARNINGS = {r"^sequence parallelism needs TP > 1": " (Megatron-LM turns it off)",
+                  r"^EP \d+: only dense models": " (a limit of attune's models, not of the recipe)"}
+
+
+def _rule_path(message: str) -> str:
+    for pattern, path in _RULE_PATHS:
+        m = re.search(pattern, message)
+        if m:
+            return path.format(*m.groups())
+    return "layout"
+
+
+def _check_layout_rules(recipe: dict, rb: RunBlock | None, out: list[Finding]) -> None:
+    """attune.spec.rules.check on the recipe's layout (as attune.recipe.target reads it, but with the
+    layout block's own DP, so that it is checked against gpu.count), the model and the engine."""
+    workload_block = recipe.get("workload") if isinstance(recipe.get("workload"), dict) else None
+    precision_aware = None if rb is None else rb.has_flag(_by_recipe("layout.precision_aware_optimizer").name)
+    try:
+        layout, workload = from_recipe_blocks(recipe["layout"], workload_block, precision_aware_default=precision_aware)
+    except UserInputError as e:
+        if not any(f.path.startswith(("layout", "workload")) for f in out):
+            out.append(Finding(ERROR, "layout", " ".join(str(e).split())))
+        return
+    except (TypeError, ValueError, AttributeError, KeyError):
+        return  # a block of the wrong shape: the schema errors say what is wrong
+    model_name = recipe.get("model")
+    if not (isinstance(model_name, str) and model_name):
+        return  # the schema errors name the missing model
+    try:
+        model = load_model(model_name)
+    except (UserInputError, OSError, ValueError) as e:
+        out.append(Finding(WARNING, "model", f"layout rules that need the model not checked: {' '.join(str(e).split())}"))
+        return
+    engine = get_engine(DEFAULT_ENGINE)
+    if engine.forces_distributed_optimizer and not layout.distributed_optimizer:
+        layout = replace(layout, distributed_optimizer=True)
+    count = _get(recipe, "gpu", "count")
+    world = count if _is_int(count) and count > 0 else layout.world_size
+    for message in layout_rules(layout, model, world, workload, engine):
+        suffix = next((s for p, s in _RULE_WARNINGS.items() if re.search(p, message)), None)
+        out.append(Finding(ERROR if suffix is None else WARNING, _rule_path(message), message + (suffix or "")))
+
+
+def _check_layout(recipe: dict, rb: RunBlock | None, out: list[Finding]) -> None:
+    """The layout rules (attune.spec.rules.check) plus the two consistency checks it does not make:
+    MoE parallel folding and the rows per microbatch dynamic batching packs."""
     layout = recipe.get("layout")
     if not isinstance(layout, dict):
         return
-    tp, pp, cp, dp, ep, etp = (layout.get(k) for k in ("tp", "pp", "cp", "dp", "ep", "etp"))
-    count = _get(recipe, "gpu", "count")
-    if all(_is_int(v) for v in (tp, pp, cp, dp, count)) and tp * pp * cp * dp != count:
-        out.append(Finding(ERROR, "layout.dp", f"TP {tp} x PP {pp} x CP {cp} x DP {dp} = {tp * pp * cp * dp} "
-                                               f"GPUs, gpu.count is {count}"))
+    _check_layout_rules(recipe, rb, out)
+    rec = layout.get("recompute")
+    # a Layout keeps method / num_layers only for full recompute, so the rules cannot see them otherwise
+    if isinstance(rec, dict) and rec.get("granularity") != "full" \
+            and (rec.get("method") is not None or rec.get("num_layers") is not None):
+        out.append(Finding(WARNING, "layout.recompute",
+                           f"method/num_layers only apply to full recompute (granularity is {rec.get('granularity')!r})"))
+    tp, cp, dp, ep, etp = (layout.get(k) for k in ("tp", "cp", "dp", "ep", "etp"))
     # MoE parallel folding: expert groups (EP x ETP) tile the TP x CP x DP ranks of a stage
     if all(_is_int(v) and v > 0 for v in (tp, cp, dp, ep, etp)) and (tp * cp * dp) % (ep * etp):
         out.append(Finding(ERROR, "layout.ep", f"EP {ep} x ETP {etp} does not divide TP x CP x DP = {tp * cp * dp}"))
-    if layout.get("sequence_parallel") is True and tp == 1:
-        out.append(Finding(WARNING, "layout.sequence_parallel",
-                           "sequence parallel with TP 1: Megatron-LM turns it off"))
-    vpp = layout.get("vpp")
-    if _is_int(vpp) and vpp > 1 and pp == 1:
-        out.append(Finding(ERROR, "layout.vpp", f"VPP {vpp} needs PP > 1"))
-    split = layout.get("layer_split")
-    if isinstance(split, dict) and pp == 1 and (split.get("first") is not None or split.get("last") is not None):
-        out.append(Finding(ERROR, "layout.layer_split", "first/last stage layer counts need PP > 1"))
-    rec = layout.get("recompute")
-    if isinstance(rec, dict):
-        gran = rec.get("granularity")
-        if gran == "full" and (rec.get("method") is None or rec.get("num_layers") is None):
-            out.append(Finding(WARNING, "layout.recompute", "full recompute without method and num_layers"))
-        if gran != "full" and (rec.get("method") is not None or rec.get("num_layers") is not None):
-            out.append(Finding(WARNING, "layout.recompute",
-                               f"method/num_layers only apply to full recompute (granularity is {gran!r})"))
     mt, rpm = layout.get("max_tokens_per_gpu"), layout.get("rows_per_microbatch")
     row = _get(recipe, "workload", "row_tokens")
     if all(_is_int(v) for v in (mt, rpm, row, cp)) and row > 0:
@@ -458,12 +458,17 @@ def lint(recipe: Any) -> list[Finding]:
     if not isinstance(recipe, dict):
         return out
     run = recipe.get("run")
+    rb = None
     if isinstance(run, str) and run.strip():
         rb = parse_run(run)
-        script = _check_entrypoint(rb, out)
-        _check_flags(rb, load_known_flags(), out)
-        _check_layout_agreement(recipe, rb, out)
-        _check_run_vs_recipe(recipe, rb, script, out)
-    _check_layout(recipe, out)
+        if rb.launcher[:2] == ["attune", "run"]:
+            # measured by attune's torch runner: `attune run --runner torch ... -- LAYOUT FLAGS` (not slime)
+            _check_layout_agreement(recipe, rb, out)
+        else:
+            script = _check_entrypoint(rb, out)
+            _check_flags(rb, out)
+            _check_layout_agreement(recipe, rb, out)
+            _check_run_vs_recipe(recipe, rb, script, out)
+    _check_layout(recipe, rb, out)
     _check_status(recipe, out)
     return out

@@ -1,22 +1,43 @@
 """The `sim` runner: the calibrated analytic model stands in for a measurement. Its results are predictions
-(`measured=False`), so recipes from it say `status: predicted` and are never verified."""
+(``measured=False``), so recipes from it say ``status: predicted`` and are never verified."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pathlib import Path
 
-from attune.estimator.coefficients import DEFAULT, Coefficients
 from attune.estimator import estimate
-from .base import OK, OOM, TrialResult, TrialSpec
+from attune.estimator.coefficients import DEFAULT, Coefficients
+from attune.runners.base import OK, OOM, Capabilities, Runner, TrialResult, TrialSpec
+from attune.spec.rules import check
+
+__all__ = ["SimRunner"]
 
 
-@dataclass
-class SimRunner:
-    coefficients: Coefficients = DEFAULT
-    name: str = "sim"
-    measured: bool = False
+class SimRunner(Runner):
+    """Runner whose "measurement" is ``attune.estimator.estimate``: instant, no processes, nothing measured."""
+
+    name = "sim"
+    # defaults of `attune tune`: 20 measured trials, 32 proposals estimated per trial (a trial costs nothing)
+    capabilities = Capabilities(measured=False, default_trials=20, default_candidates=32)
+
+    def __init__(self, coefficients: Coefficients = DEFAULT):
+        self.coefficients = coefficients
+
+    def check(self, spec: TrialSpec) -> list[str]:
+        return check(spec.layout, spec.model, spec.cluster.world_size, spec.workload, spec.engine)
 
     def run(self, spec: TrialSpec) -> TrialResult:
+        """As ``Runner.run``, but a spec without ``trial_dir`` writes nothing (no temp folder for a prediction)."""
+        if spec.trial_dir is None:
+            reasons = self.check(spec)
+            if reasons:
+                return super().run(spec)  # raises UnsupportedLayout
+            result = self._execute(spec, None)
+            result.trial_number = spec.trial_number
+            return result
+        return super().run(spec)
+
+    def _execute(self, spec: TrialSpec, trial_dir: Path | None) -> TrialResult:
         est = estimate(spec.model, spec.cluster, spec.layout, spec.workload, spec.engine, self.coefficients)
         peaks = [s.total_gib for s in est.memory.stages]
         w = spec.workload
@@ -25,14 +46,10 @@ class SimRunner:
                                oom_stage=est.memory.peak_stage)
         step = est.perf.step_time_s
         a, b = w.window
-        result = TrialResult(
+        return TrialResult(
             status=OK, measured=False, tokens_per_s_per_gpu=est.perf.tokens_per_s_per_gpu, step_time_s=step,
             step_time_cv_percent=0.0, step_times_s=[step] * w.steps, peak_memory_gib=peaks, window=(a, b),
             window_tokens=w.tokens_per_step * (b - a + 1),
             gpu_hours=0.0,  # nothing ran
             extra={"mfu": est.perf.mfu, "usd_per_million_tokens": est.perf.usd_per_million_tokens},
         )
-        if spec.trial_dir:
-            spec.trial_dir.mkdir(parents=True, exist_ok=True)
-            result.save(spec.trial_dir / "result.json")
-        return result

@@ -1,121 +1,143 @@
 """The `torch` runner: a trial is a short real PyTorch training run of the layout on local devices.
 
-TorchRunner writes the trial spec as JSON, launches
+Two parts, kept apart so that the trainer can also run elsewhere (as a Ray job: ``attune.runners.ray.runner``):
 
-    python -m torch.distributed.run --standalone --nproc-per-node N -m attune.runners.torch_worker --spec SPEC
+* WHAT runs, the torch trainer (:data:`TORCH_CAPABILITIES`, :func:`torch_check`, :func:`write_trial_spec`,
+  :func:`torch_result`): ``attune.runners.torch_worker`` under torchrun, one process per rank, gloo on CPU or
+  NCCL on GPU. Supported: PP (uneven first/last stages, Megatron's 1F1B), DP (all-reduced gradients; sharded
+  optimizer state with the distributed optimizer), full (block/uniform) and selective recompute, the
+  layout's batching. TP, CP, VPP and EP above 1 are refused by ``check`` with one line.
+* WHERE it runs, this machine (:class:`TorchRunner`)::
 
-in a new session (its own process group) with gloo on CPU or NCCL on GPU, waits at most
-`spec.timeout_s` (then kills torchrun and every worker process group under it), reads the per-rank
-JSON records and returns a TrialResult; `result.json` and `log.txt` land in `spec.trial_dir`.
+      python -m torch.distributed.run --standalone --nproc-per-node N -m attune.runners.torch_worker --spec SPEC
 
-Supported: PP (uneven first/last stages, Megatron's 1F1B), DP (all-reduced gradients; sharded
-optimizer state with the distributed optimizer), full (block/uniform) and selective recompute, the
-layout's batching. TP, CP, VPP and EP above 1 raise RunnerError before anything is launched.
+  started through :func:`attune.runners.procs.run_logged`, which kills the whole process tree past
+  ``spec.timeout_s``. ``spec.json``, ``ranks/``, ``log.txt`` and ``result.json`` land in the trial folder.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
-import tempfile
-import time
+from dataclasses import replace
 from pathlib import Path
 
-from attune.spec.rules import check
+from attune.errors import require
+from attune.runners.base import (FAILED, LOG_FILE, LOG_TAIL_CHARS, OK, OOM, TIMEOUT, Capabilities, Runner,
+                                 TrialResult, TrialSpec, step_time_stats)
+from attune.runners.procs import run_logged
+from attune.runners.torch_spec import encode_spec
+from attune.spec.layout import Workload
 from attune.spec.placement import stage_layer_counts
-from .base import FAILED, OK, OOM, TIMEOUT, RunnerError, TrialResult, TrialSpec, window_metrics
-from .torch_worker import encode_spec
+from attune.spec.rules import check
+
+__all__ = ["TorchRunner", "TORCH_WORKLOAD", "TORCH_CAPABILITIES", "torch_check", "write_trial_spec",
+           "torch_result"]
 
 GiB = 2**30
-# Seconds between SIGTERM and SIGKILL when a trial is killed (torchrun forwards SIGTERM to its workers).
-KILL_GRACE_S = 3.0
-# Characters of the log kept in a failed result's log_tail.
-LOG_TAIL_CHARS = 4000
+# The torch trainer's default workload: 256-token rows, 8 rows per step, 20 steps measured over 5..19 (the
+# seed's window), a learning rate high enough that the tiny models' loss visibly falls in 20 steps; a trial
+# of a tiny model takes seconds on 2 CPU cores.
+TORCH_WORKLOAD = Workload(seq_length=256, global_batch=8, steps=20, window=(5, 19), lr=3e-3, min_lr=3e-4)
+# The trainer implements PP x DP only (attune.runners.torch_worker); 3 measured trials and 24 proposals per
+# trial are `attune tune`'s defaults for it (a trial is a real run), with the small search space.
+TORCH_CAPABILITIES = Capabilities(
+    measured=True, engine="torch", max_tp=1, max_cp=1, max_vpp=1, max_ep=1, default_workload=TORCH_WORKLOAD,
+    default_search_space="small", default_trials=3, default_candidates=24, limits_note="PP, DP and recompute only")
 
 
-def _children(pid: int) -> list[int]:
-    """Every descendant of pid (from /proc; torchrun starts each worker in a session of its own)."""
-    kids: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        kids.setdefault(ppid, []).append(int(d.name))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for c in kids.get(p, []):
-            out.append(c)
-            todo.append(c)
-    return out
+def torch_check(spec: TrialSpec, runner: str, caps: Capabilities = TORCH_CAPABILITIES) -> list[str]:
+    """Why the torch trainer cannot run ``spec`` (its limits, then the layout rules); [] when it can."""
+    reasons = caps.limit_reasons(spec.layout, runner)
+    if reasons:
+        return reasons
+    errs = check(spec.layout, spec.model, spec.cluster.world_size, spec.workload, spec.engine)
+    if errs:
+        return [f"layout {spec.layout.label()} is invalid: " + "; ".join(errs)]
+    return []
 
 
-def _signal_groups(pgids: set[int], sig: int) -> None:
-    for g in pgids:
-        try:
-            os.killpg(g, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+def write_trial_spec(spec: TrialSpec, trial_dir: Path, device: str) -> Path:
+    """Write the worker's spec.json into ``trial_dir`` (and an empty ``ranks/``); returns its path."""
+    ranks_dir = trial_dir / "ranks"
+    ranks_dir.mkdir(exist_ok=True)
+    for old in ranks_dir.glob("rank*"):
+        old.unlink()
+    spec_path = trial_dir / "spec.json"
+    spec_path.write_text(json.dumps(encode_spec(
+        spec.model, spec.layout, spec.workload, spec.engine.name, str(ranks_dir), device,
+        spec.data_path, spec.memory_limit_gib, spec.timeout_s), indent=2))
+    return spec_path
 
 
-def _child_groups(pid: int) -> set[int]:
-    """Process groups of every live descendant (torchrun starts each worker in a session of its own)."""
-    out = set()
-    for c in _children(pid):
-        try:
-            out.add(os.getpgid(c))
-        except ProcessLookupError:
-            pass
-    return out
+def torch_result(spec: TrialSpec, ranks_dir: Path, log: str, rc: int | None, timed_out: bool,
+                 wall: float) -> TrialResult:
+    """The TrialResult of a torchrun trial from its per-rank records, exit code and log (pure but for reads)."""
+    L, w = spec.layout, spec.workload
+    world = L.world_size
+    records = []
+    for r in range(world):
+        p = ranks_dir / f"rank{r}.json"
+        if p.exists():
+            records.append(json.loads(p.read_text()))
+    tail = log[-LOG_TAIL_CHARS:]
+    base = dict(measured=True, wall_s=wall, gpu_hours=world * wall / 3600.0,
+                extra={"rc": rc, "world_size": world, "stage_layers": stage_layer_counts(L, spec.model.num_layers),
+                       "ranks": records})
+    ooms = sorted((r for r in records if r.get("status") == OOM), key=lambda r: r.get("failed_at", 0.0))
+    if ooms:
+        first = ooms[0]
+        return TrialResult(status=OOM, oom_stage=first["stage"], log_tail=tail,
+                           reason=f"out of memory on pipeline stage {first['stage']} (rank {first['rank']}): {first['reason']}",
+                           **base)
+    if timed_out:
+        return TrialResult(status=TIMEOUT, reason=f"timeout after {spec.timeout_s:g} s", log_tail=tail, **base)
+    bad = sorted((r for r in records if r.get("status") != OK), key=lambda r: r.get("failed_at", 0.0))
+    if rc != 0 or bad or len(records) < world:
+        if bad:
+            why = f"rank {bad[0]['rank']} (stage {bad[0]['stage']}) failed: {bad[0]['reason']}"
+        else:
+            why = f"torchrun exited with code {rc}; {world - len(records)} of {world} ranks wrote no result"
+        return TrialResult(status=FAILED, reason=why, log_tail=tail, **base)
+    steps = [max(r["step_times_s"][i] for r in records) for i in range(w.steps)]
+    losses = {i: v for i, v in enumerate(records[0]["losses"])}
+    a, b = w.window
+    b = min(b, w.steps - 1)
+    a = min(a, b)
+    stats = step_time_stats(steps[a: b + 1], tokens=w.tokens_per_step * (b - a + 1), gpus=world)
+    peaks = [max(r["peak_memory_bytes"] for r in records if r["stage"] == s) / GiB for s in range(L.pp)]
+    return TrialResult(status=OK, tokens_per_s_per_gpu=stats.tokens_per_s_per_gpu, step_time_s=stats.mean_s,
+                       step_time_cv_percent=stats.cv_percent, step_times_s=steps, losses=losses,
+                       peak_memory_gib=peaks, window=(a, b), window_tokens=w.tokens_per_step * (b - a + 1), **base)
 
 
-def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL, to torchrun's process group and the process group of every descendant."""
-    pgids = {proc.pid} | _child_groups(proc.pid)
-    _signal_groups(pgids, signal.SIGTERM)
-    try:
-        proc.wait(timeout=KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
-        pass
-    _signal_groups(pgids | _child_groups(proc.pid), signal.SIGKILL)
-    proc.wait()
+class TorchRunner(Runner):
+    """The torch trainer under torchrun on this machine."""
 
-
-class TorchRunner:
     name = "torch"
-    measured = True
+    capabilities = TORCH_CAPABILITIES
 
     def __init__(self, device: str | None = None, python: str | None = None, extra_env: dict | None = None):
-        """device: "cpu" or "cuda" (default: cuda when the cluster is GPUs, else cpu)."""
-        try:
-            import torch  # noqa: F401
-        except ImportError as e:
-            raise RunnerError("the torch runner needs PyTorch (pip install 'attune[torch]')") from e
+        """device: "cpu" or "cuda" (default: cuda when the cluster is GPUs, else cpu). python: the interpreter
+        torchrun runs under (default: this one). extra_env: environment added to the workers'."""
+        require("torch", "torch")
         self.device = device
         self.python = python or sys.executable
         self.extra_env = dict(extra_env or {})
 
     # -------------------------------------------------------------- checks and command
-    def check(self, spec: TrialSpec) -> None:
-        L = spec.layout
-        unsupported = [f"{n} {v}" for n, v in (("TP", L.tp), ("CP", L.cp), ("VPP", L.vpp), ("EP", L.ep)) if v > 1]
-        if unsupported:
-            raise RunnerError(f"{', '.join(unsupported)} not supported by the torch runner (PP, DP and recompute only)")
-        errs = check(L, spec.model, spec.cluster.world_size, spec.workload, spec.engine)
-        if errs:
-            raise RunnerError(f"layout {L.label()} is invalid: " + "; ".join(errs))
+    def check(self, spec: TrialSpec) -> list[str]:
+        reasons = torch_check(spec, self.name)
+        if reasons:
+            return reasons
         if self._device(spec) == "cuda":
-            import torch
+            import torch  # noqa: PLC0415 - optional extra, present: __init__ required it
+
             n = torch.cuda.device_count()
-            if n < L.world_size:
-                raise RunnerError(f"layout needs {L.world_size} GPUs, {n} visible to the torch runner")
+            if n < spec.layout.world_size:
+                return [f"layout needs {spec.layout.world_size} GPUs, {n} visible to the torch runner"]
+        return []
 
     def _device(self, spec: TrialSpec) -> str:
         return self.device or ("cpu" if spec.cluster.gpu.is_cpu else "cuda")
@@ -125,6 +147,7 @@ class TorchRunner:
                 "-m", "attune.runners.torch_worker", "--spec", str(spec_path)]
 
     def _env(self) -> dict:
+        # a subprocess environment (not this process's): the workers import attune from this checkout
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])  # the folder holding the attune package
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -135,73 +158,10 @@ class TorchRunner:
         return env
 
     # -------------------------------------------------------------- run
-    def run(self, spec: TrialSpec) -> TrialResult:
-        self.check(spec)
-        trial_dir = Path(spec.trial_dir) if spec.trial_dir else Path(tempfile.mkdtemp(prefix="attune-torch-"))
-        trial_dir.mkdir(parents=True, exist_ok=True)
-        ranks_dir = trial_dir / "ranks"
-        ranks_dir.mkdir(exist_ok=True)
-        for old in ranks_dir.glob("rank*"):
-            old.unlink()
-        spec_path = trial_dir / "spec.json"
-        spec_path.write_text(json.dumps(encode_spec(
-            spec.model, spec.layout, spec.workload, spec.engine.name, str(ranks_dir), self._device(spec),
-            spec.data_path, spec.memory_limit_gib, spec.timeout_s), indent=2))
-        log_path = trial_dir / "log.txt"
-        t0 = time.monotonic()
-        timed_out = False
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(self.command(spec, spec_path), stdout=log, stderr=subprocess.STDOUT,
-                                    env=self._env(), start_new_session=True)
-            try:
-                rc = proc.wait(timeout=spec.timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                kill_tree(proc)
-                rc = proc.returncode
-            except BaseException:
-                kill_tree(proc)
-                raise
-        wall = time.monotonic() - t0
-        result = self._result(spec, ranks_dir, log_path.read_text(errors="replace"), rc, timed_out, wall)
-        result.save(trial_dir / "result.json")
-        return result
-
-    def _result(self, spec: TrialSpec, ranks_dir: Path, log: str, rc: int | None, timed_out: bool,
-                wall: float) -> TrialResult:
-        L, w = spec.layout, spec.workload
-        world = L.world_size
-        records = []
-        for r in range(world):
-            p = ranks_dir / f"rank{r}.json"
-            if p.exists():
-                records.append(json.loads(p.read_text()))
-        tail = log[-LOG_TAIL_CHARS:]
-        base = dict(measured=True, wall_s=wall, gpu_hours=world * wall / 3600.0,
-                    extra={"rc": rc, "world_size": world, "stage_layers": stage_layer_counts(L, spec.model.num_layers),
-                           "ranks": records})
-        ooms = sorted((r for r in records if r.get("status") == OOM), key=lambda r: r.get("failed_at", 0.0))
-        if ooms:
-            first = ooms[0]
-            return TrialResult(status=OOM, oom_stage=first["stage"], log_tail=tail,
-                               reason=f"out of memory on pipeline stage {first['stage']} (rank {first['rank']}): {first['reason']}",
-                               **base)
-        if timed_out:
-            return TrialResult(status=TIMEOUT, reason=f"timeout after {spec.timeout_s:g} s", log_tail=tail, **base)
-        bad = sorted((r for r in records if r.get("status") != OK), key=lambda r: r.get("failed_at", 0.0))
-        if rc != 0 or bad or len(records) < world:
-            if bad:
-                why = f"rank {bad[0]['rank']} (stage {bad[0]['stage']}) failed: {bad[0]['reason']}"
-            else:
-                why = f"torchrun exited with code {rc}; {world - len(records)} of {world} ranks wrote no result"
-            return TrialResult(status=FAILED, reason=why, log_tail=tail, **base)
-        steps = [max(r["step_times_s"][i] for r in records) for i in range(w.steps)]
-        losses = {i: v for i, v in enumerate(records[0]["losses"])}
-        a, b = w.window
-        b = min(b, w.steps - 1)
-        a = min(a, b)
-        tps, mean, cv = window_metrics(steps, w.tokens_per_step, world, (a, b))
-        peaks = [max(r["peak_memory_bytes"] for r in records if r["stage"] == s) / GiB for s in range(L.pp)]
-        return TrialResult(status=OK, tokens_per_s_per_gpu=tps, step_time_s=mean, step_time_cv_percent=cv,
-                           step_times_s=steps, losses=losses, peak_memory_gib=peaks, window=(a, b),
-                           window_tokens=w.tokens_per_step * (b - a + 1), **base)
+    def _execute(self, spec: TrialSpec, trial_dir: Path) -> TrialResult:
+        spec = replace(spec, trial_dir=trial_dir)
+        spec_path = write_trial_spec(spec, trial_dir, self._device(spec))
+        log_path = trial_dir / LOG_FILE
+        out = run_logged(self.command(spec, spec_path), log_path=log_path, env=self._env(), timeout_s=spec.timeout_s)
+        return torch_result(spec, trial_dir / "ranks", log_path.read_text(errors="replace"), out.returncode,
+                            out.timed_out, out.wall_s)

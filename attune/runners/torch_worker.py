@@ -1,4 +1,4 @@
-"""Per-rank training program of the torch runner; torchrun starts one per device.
+"""Per-rank training program of the torch runner; torchrun starts one per device.  # entry point
 
     python -m torch.distributed.run --standalone --nproc-per-node N -m attune.runners.torch_worker --spec SPEC.json
 
@@ -24,14 +24,20 @@ import resource
 import sys
 import time
 import traceback
-from dataclasses import fields
 from datetime import timedelta
 from pathlib import Path
 
+# The worker is a torchrun entry point: torch is its reason to exist (torch_runner requires the extra), and
+# every import happens here, before any memory limit applies.
+import torch
+import torch.distributed as dist
+
+from attune.runners.torch_spec import decode_spec
 from attune.spec.engine import get_engine
-from attune.spec.layout import Layout, Workload
+from attune.spec.layout import Workload
 from attune.spec.placement import batching, stage_layer_counts
-from attune.spec.model import ModelSpec
+from attune.torchmodels import build_model, token_loss_sum
+from attune.torchmodels.data import load_rows, shift_labels, step_row_indices
 
 FAULT_ENV, FAULT_RANK_ENV, FAULT_STEP_ENV = "ATTUNE_TORCH_FAULT", "ATTUNE_TORCH_FAULT_RANK", "ATTUNE_TORCH_FAULT_STEP"
 # p2p tags: activations travel forward with one tag, gradients backward with another (gloo matches on tags).
@@ -42,29 +48,6 @@ ADAM_EPS = 1e-8
 DEFAULT_PG_TIMEOUT_S = 1800.0
 KIB = 1024  # ru_maxrss is in KiB on Linux (getrusage(2))
 OOM_MARKERS = ("can't allocate memory", "out of memory", "std::bad_alloc", "cannot allocate memory")
-
-
-# ---------------------------------------------------------------------- spec (de)serialisation
-def _dc_to_dict(obj) -> dict:
-    return {f.name: getattr(obj, f.name) for f in fields(obj)}
-
-
-def encode_spec(model: ModelSpec, layout: Layout, workload: Workload, engine_name: str, out_dir: str,
-                device: str, data_path: str | None, memory_limit_gib: float | None, timeout_s: float | None) -> dict:
-    m = _dc_to_dict(model)
-    m["layer_types"] = list(m["layer_types"])
-    w = _dc_to_dict(workload)
-    w["window"] = list(w["window"])
-    return {"model": m, "layout": _dc_to_dict(layout), "workload": w, "engine": engine_name, "out_dir": str(out_dir),
-            "device": device, "data_path": data_path, "memory_limit_gib": memory_limit_gib, "timeout_s": timeout_s}
-
-
-def decode_spec(cfg: dict) -> tuple[ModelSpec, Layout, Workload]:
-    m = dict(cfg["model"])
-    m["layer_types"] = tuple(m["layer_types"])
-    w = dict(cfg["workload"])
-    w["window"] = tuple(w["window"])
-    return ModelSpec(**m), Layout(**cfg["layout"]), Workload(**w)
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -99,12 +82,6 @@ def _vm_size_bytes() -> int:
 # ---------------------------------------------------------------------- training
 class Trainer:
     def __init__(self, cfg: dict, rank: int, world: int, local_rank: int, record: dict):
-        import torch
-        import torch.distributed as dist
-
-        from .. import torchmodels  # noqa: F401  (imported before any memory limit applies)
-        from ..torchmodels import data  # noqa: F401
-
         self.torch, self.dist = torch, dist
         self.cfg, self.rank, self.world, self.record = cfg, rank, world, record
         self.model, self.layout, self.wl = decode_spec(cfg)
@@ -206,7 +183,6 @@ class Trainer:
         else:
             out = self.net(inp)
         if self.stage == self.pp - 1:
-            from ..torchmodels import token_loss_sum
             loss = token_loss_sum(out, mb["labels"], mb["mask"]) / self.step_supervised
             self.loss_acc += loss.detach()
             return inp, loss
@@ -270,8 +246,6 @@ class Trainer:
 
     def build(self) -> None:
         torch = self.torch
-        from ..torchmodels import build_model
-        from ..torchmodels.data import load_rows
 
         L, w = self.layout, self.wl
         counts = stage_layer_counts(L, self.model.num_layers)
@@ -298,7 +272,6 @@ class Trainer:
                            rows_per_microbatch=self.batch.rows_per_microbatch, microbatches=self.batch.microbatches)
 
     def microbatches(self, step: int) -> list[dict]:
-        from ..torchmodels.data import shift_labels, step_row_indices
         torch, w = self.torch, self.wl
         all_t, all_m = self.rows.take(step_row_indices(step, w.global_batch, 1, 0))
         _, all_lm = shift_labels(all_t, all_m)
@@ -380,7 +353,6 @@ def main(argv: list[str] | None = None) -> int:
     record: dict = {"rank": rank, "stage": rank // dp, "dp_rank": rank % dp, "status": "ok", "reason": ""}
     trainer = None
     try:
-        import torch
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         trainer = Trainer(cfg, rank, world, local_rank, record)
         trainer.limit_memory()

@@ -1,10 +1,16 @@
-"""Search spaces (YAML in search_spaces/): knobs with fixed Optuna domains, and their mapping to a Layout."""
+"""Search spaces: knobs with fixed Optuna domains, and their mapping to a Layout.
+
+The bundled spaces are package data in `attune/search/spaces/` (read with `importlib.resources`, so they
+ship in the wheel): `dense` (the default) and `small` (the torch runner on CPU). `load_space` takes a
+bundled name or a path to your own YAML file.
+"""
 
 from __future__ import annotations
 
 from attune.errors import SearchSpaceError
 
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import optuna
@@ -173,17 +179,35 @@ class SearchSpace:
         return params
 
 
-def default_space_path() -> Path:
-    """search_spaces/dense.yaml of the attune checkout (the project is installed in place: pip install -e)."""
-    return Path(__file__).resolve().parents[2] / "search_spaces" / "dense.yaml"
+# the bundled space used when none is given
+DEFAULT_SPACE = "dense"
+# where the bundled spaces live, as an importlib.resources package
+SPACES_PACKAGE = "attune.search.spaces"
+
+
+def bundled_spaces() -> list[str]:
+    """Names of the search spaces shipped with attune (package data)."""
+    return sorted(f.name[:-5] for f in resources.files(SPACES_PACKAGE).iterdir() if f.name.endswith(".yaml"))
+
+
+def _space_text(name_or_path: str | Path | None) -> tuple[str, str]:
+    """(where, YAML text) of a bundled space name, or of a file path; SearchSpaceError when neither exists."""
+    name = DEFAULT_SPACE if name_or_path is None else str(name_or_path)
+    if name in bundled_spaces():
+        f = resources.files(SPACES_PACKAGE) / f"{name}.yaml"
+        return f"{SPACES_PACKAGE}/{name}.yaml", f.read_text()
+    p = Path(name)
+    if not p.is_file():
+        raise SearchSpaceError(f"{p}: no such search space file (bundled spaces: {', '.join(bundled_spaces())})")
+    return str(p), p.read_text()
 
 
 def load_space(path: str | Path | None = None) -> SearchSpace:
-    p = Path(path) if path else default_space_path()
-    if not p.exists():
-        raise SearchSpaceError(f"{p}: no such search space file")
+    """A search space: None is the default bundled space (`dense`), a bare name (`small`) a bundled one, anything
+    else a path to a YAML file."""
+    p, text = _space_text(path)
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
@@ -225,7 +249,7 @@ def load_space(path: str | Path | None = None) -> SearchSpace:
         raise SearchSpaceError(f"{p}: fixed.optimizer_cpu_offload: CPU offload needs precision_aware_optimizer true")
     if fixed.get("distributed_optimizer") is False and fixed.get("precision_aware_optimizer") is True:
         raise SearchSpaceError(f"{p}: fixed.precision_aware_optimizer: needs distributed_optimizer true")
-    return SearchSpace(name=str(data.get("name") or p.stem), path=str(p), knobs=knobs, fixed=dict(fixed))
+    return SearchSpace(name=str(data.get("name") or Path(p).stem), path=str(p), knobs=knobs, fixed=dict(fixed))
 
 
 def _check_value(p, where, k, x):

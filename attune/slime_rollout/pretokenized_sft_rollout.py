@@ -12,8 +12,13 @@ Rows for rollout ``rollout_id``: ``(rollout_id * args.rollout_batch_size + i) % 
 ``i in range(args.rollout_batch_size)``, i.e. consecutive rows in file order, wrapping at the end. The
 ``data_source`` slime passes is not used (rows come from the parquet, not from slime's prompt dataset).
 
-Each sample: ``tokens`` = the row, ``response_length`` = the whole row (prompt length 0, so slime's loss mask,
-which covers the response, spans the row), ``loss_mask`` = the row's mask, ``reward`` = 0.0,
+Each sample: ``tokens`` = the row, ``response_length`` = ``len(tokens) - 1`` and ``loss_mask`` = the row's mask
+without its first entry (``mask[1:]``): a one-token prompt. slime scores sample log-probs as
+``log_prob_full[start-1:end-1]`` with ``start = total_length - response_length``
+(slime/backends/megatron_utils/loss.py:500-505; reference slime-runtime-and-moe.md section 2), and the log-prob at
+position t-1 scores token t, so the response must leave at least one prompt token: with the whole row as the
+response the slice is empty and the SFT loss fails at step 0. Every target but token 0 stays supervised, and
+``len(loss_mask) == response_length`` as slime asserts (slime/ray/rollout.py:677-679). ``reward`` = 0.0,
 ``status`` = ``Sample.Status.COMPLETED``; ``index``/``group_index`` = the row's position in this rollout's
 sequence (``rollout_id * batch + i``, unwrapped) and ``metadata = {"row": <row index>}`` when the Sample
 class has those fields.
@@ -131,9 +136,11 @@ def _num_rows(path: str) -> int:
 
 def _make_sample(cls: type, tokens: list[int], mask: list[int], position: int, row: int) -> Any:
     s = cls()
+    if len(tokens) < 2:
+        raise ValueError(f"row {row} has {len(tokens)} tokens; a sample needs a prompt token and a response token")
     s.tokens = list(tokens)
-    s.response_length = len(tokens)  # prompt length 0: the whole row is the response
-    s.loss_mask = list(mask)
+    s.response_length = len(tokens) - 1  # token 0 is the prompt: slime's slice [start-1:end-1] needs start >= 1
+    s.loss_mask = list(mask[1:])  # aligned with the response tokens 1..len-1
     s.reward = 0.0
     s.status = cls.Status.COMPLETED
     for name, value in (("index", position), ("group_index", position)):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+import shlex
 from importlib import resources
 
 import yaml
@@ -11,8 +12,9 @@ from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
 from attune.errors import LayoutError
+from attune.spec.placement import stage_layer_counts
 from attune.spec.rules import check
-from attune.spec.flags import from_flags
+from attune.spec.flags import flag_parser, from_flags
 from attune.spec.model import ModelSpec
 
 
@@ -55,7 +57,6 @@ def baseline_layout(model: ModelSpec, cluster: Cluster, workload: Workload, engi
             cand = replace(lay, dp=world // mp)
             if not check(cand, model, world, workload, engine):
                 if cand.pp > 1:  # spell the split out, as the recipe's layout block does
-                    from attune.spec.placement import stage_layer_counts
                     counts = stage_layer_counts(cand, model.num_layers)
                     cand = replace(cand, first=counts[0], last=counts[-1])
                 return cand, "; ".join(notes)
@@ -74,10 +75,8 @@ def baseline_layout(model: ModelSpec, cluster: Cluster, workload: Workload, engi
 
 
 def _mp(flags: str, model: ModelSpec) -> int:
-    """TP x PP x CP of a flag string (the world size at DP 1)."""
-    tokens = flags.split()
-    get = {"--tensor-model-parallel-size": 1, "--pipeline-model-parallel-size": 1, "--context-parallel-size": 1}
-    for i, t in enumerate(tokens):
-        if t in get and i + 1 < len(tokens):
-            get[t] = int(tokens[i + 1])
-    return get["--tensor-model-parallel-size"] * get["--pipeline-model-parallel-size"] * get["--context-parallel-size"]
+    """TP x PP x CP of a flag string (the world size at DP 1), read by the one flag parser."""
+    ns, _ = flag_parser().parse_known_args(shlex.split(flags))
+    get = vars(ns)
+    return (get.get("--tensor-model-parallel-size") or 1) * (get.get("--pipeline-model-parallel-size") or 1) * (
+        get.get("--context-parallel-size") or 1)

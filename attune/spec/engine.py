@@ -6,9 +6,9 @@ models stay engine-agnostic and read these flags.
 
 from __future__ import annotations
 
-from attune.errors import EngineError
-
 from dataclasses import dataclass
+
+from attune.errors import EngineError
 
 
 @dataclass(frozen=True)
@@ -33,15 +33,20 @@ class Engine:
     # rollout-data hand-off, logging), seconds; slime measures train_wait separately (slime-and-qwen.md 2.2)
     step_overhead_s: float
     label: str = ""
+    # slime sets args.bf16 = not args.fp16 and trains in bf16 only (_set_default_megatron_args; slime-and-qwen.md 1.2)
+    bf16_only: bool = False
+    # trials run attune's own PyTorch trainer (attune.runners.torch_worker): fp32 parameters and gradients
+    # (bf16 autocast on GPU), rows read on this machine, re-run with `attune run --runner torch`
+    attune_trainer: bool = False
 
 
 ENGINES: dict[str, Engine] = {
-    "slime": Engine("slime", True, 12.0, True, True, True, step_overhead_s=1.0,
+    "slime": Engine("slime", True, 12.0, True, True, True, step_overhead_s=1.0, bf16_only=True,
                     label="slime (Megatron-LM backend, Qwen3.5 HF GDN plugin)"),
     "megatron": Engine("megatron", False, 6.0, False, False, False, step_overhead_s=0.3,
                        label="Megatron-LM / Megatron-Bridge"),
     # attune's own PyTorch runner: fp32 log-softmax over full logits (logits + log_softmax + grad)
-    "torch": Engine("torch", False, 12.0, True, True, True, step_overhead_s=0.05,
+    "torch": Engine("torch", False, 12.0, True, True, True, step_overhead_s=0.05, attune_trainer=True,
                     label="attune torch runner (PyTorch, gloo/NCCL)"),
 }
 

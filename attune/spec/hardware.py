@@ -166,6 +166,12 @@ def parse_cluster(spec: str, gpus_per_node: int | None = None, price: float | No
     if not m:
         raise HardwareError(f"malformed GPU spec '{spec}'; expected COUNTxTYPE (8xH200) or NODESxPER_NODExTYPE (2x8xH100)")
     a, b, name = int(m.group(1)), m.group(2), m.group(3)
+    if a < 1 or (b is not None and int(b) < 1):
+        raise HardwareError(f"GPU spec '{spec}': GPU and node counts must be at least 1")
+    if gpus_per_node is not None and gpus_per_node < 1:
+        raise HardwareError(f"--gpus-per-node {gpus_per_node}: must be at least 1")
+    if price is not None and not price > 0:
+        raise HardwareError(f"--price {price}: USD per GPU-hour must be positive")
     gpu = get_gpu(name, price)
     type_key = "cpu" if gpu.is_cpu else {k.lower(): k for k in GPUS}[name.lower()]
     if b is not None:

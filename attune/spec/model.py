@@ -19,6 +19,7 @@ from attune.errors import ModelError
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 
@@ -106,9 +107,17 @@ class ModelSpec:
     def layer_type(self, i: int) -> str:
         return self.layer_types[i] if self.layer_types else FULL
 
+    @cached_property
+    def _linear_prefix(self) -> tuple[int, ...]:
+        """Prefix counts of GDN layers, so a stage's layer-type mix is O(1)."""
+        out = [0]
+        for i in range(self.num_layers):
+            out.append(out[-1] + (self.layer_type(i) == LINEAR))
+        return tuple(out)
+
     def count_types(self, start: int, stop: int) -> tuple[int, int]:
         """(full-attention layers, GDN layers) among layers [start, stop)."""
-        lin = sum(1 for i in range(start, stop) if self.layer_type(i) == LINEAR)
+        lin = self._linear_prefix[stop] - self._linear_prefix[start]
         return stop - start - lin, lin
 
     # ------------------------------------------------------------------ parameters
@@ -173,17 +182,6 @@ class ModelSpec:
     def active_params(self) -> int:
         """Matmul and conv weights including the output layer; no input embedding, no 1-D vectors."""
         return sum(self.layer(i).matrix for i in range(self.num_layers)) + self.output_params
-
-    def stage_params(self, start: int, stop: int, first: bool, last: bool) -> int:
-        """Total parameters of a pipeline stage holding layers [start, stop) (unsharded)."""
-        n = sum(self.layer(i).total for i in range(start, stop))
-        if first:
-            n += self.embedding_params + self.position_params
-        if last:
-            n += self.output_params + self.final_norm_params  # tied: Megatron keeps a copy on the last stage
-            if first and self.tied_embeddings:
-                n -= self.output_params
-        return n
 
     def summary(self) -> dict:
         full, lin = self.count_types(0, self.num_layers)

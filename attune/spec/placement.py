@@ -1,19 +1,24 @@
-"""Where the layers, tokens and parameters of a layout sit: per-stage and per-chunk layer ranges,
-batching and per-stage parameter counts. Derived once per estimate and shared by memory, performance,
-runners and reports, so they never disagree.
+"""Where the layers, tokens and parameters of a layout sit.
+
+Per-stage and per-chunk layer ranges with their layer-type mix, batching, the microbatches in flight at
+each rank's peak, and the one per-stage parameter count. ``place`` derives all of it once per estimate;
+memory, performance, runners and reports read the result, so they never disagree.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from attune.errors import LayoutError
+
 from .engine import Engine
 from .layout import Layout, Workload
-from .model import ModelSpec
+from .model import FULL, LINEAR, ModelSpec
 
 
+# ---------------------------------------------------------------------- layer ranges
 def stage_layer_counts(layout: Layout, num_layers: int) -> list[int]:
     """Layers per pipeline rank, Megatron's rule: first/last as given, the middle stages even."""
     p = layout.pp
@@ -47,22 +52,30 @@ def chunk_ranges(layout: Layout, num_layers: int) -> list[list[tuple[int, int]]]
     sizes = [c // v for c in counts]
     ranges: list[list[tuple[int, int]]] = [[] for _ in range(p)]
     start = 0
-    for chunk in range(v):
+    for _chunk in range(v):
         for r in range(p):
             ranges[r].append((start, start + sizes[r]))
             start += sizes[r]
     return ranges
 
 
-@dataclass(frozen=True)
+# ---------------------------------------------------------------------- batching
+@dataclass(frozen=True, kw_only=True)
 class Batching:
+    """How a global batch is cut into microbatches on one data-parallel rank."""
+
     rows_per_microbatch: int
-    tokens_per_microbatch: int  # tokens of one microbatch of the whole CP group
-    tokens_per_gpu: int  # tokens one GPU processes per microbatch (after CP)
-    microbatches: int  # per DP rank per optimizer step
+    """Packed rows in one microbatch."""
+    tokens_per_microbatch: int
+    """Tokens of one microbatch of the whole CP group."""
+    tokens_per_gpu: int
+    """Tokens one GPU processes per microbatch (after CP)."""
+    microbatches: int
+    """Microbatches per DP rank per optimizer step."""
 
 
 def batching(layout: Layout, workload: Workload, engine: Engine) -> Batching:
+    """Microbatching of a layout: slime's dynamic bins or Megatron's static micro-batch size."""
     s = workload.seq_length
     if engine.dynamic_batching and layout.max_tokens_per_gpu:
         # slime packs rows into bins of max_tokens_per_gpu * CP tokens; a longer row forms its own bin
@@ -72,31 +85,119 @@ def batching(layout: Layout, workload: Workload, engine: Engine) -> Batching:
     rows_per_dp = workload.global_batch / layout.dp
     m = max(1, math.ceil(rows_per_dp / rows))
     tokens = rows * s
-    return Batching(rows, tokens, tokens // layout.cp, m)
+    return Batching(rows_per_microbatch=rows, tokens_per_microbatch=tokens,
+                    tokens_per_gpu=tokens // layout.cp, microbatches=m)
 
 
-def stage_params(model: ModelSpec, layout: Layout, rank: int, *, tp_sharded=None) -> float:
+def inflight_microbatches(layout: Layout, rank: int, microbatches: int) -> float:
+    """Microbatches whose activations a rank holds at its peak, in whole-rank equivalents.
+
+    1F1B: min(p - r, M). Interleaved: warm-up 2(p - r - 1) + (v - 1) p chunks plus the running one, capped
+    at M v, divided by v (megatron-core pipeline_parallel/schedules.py; reference
+    megatron-memory-and-performance.md section 3).
+    """
+    p, v = layout.pp, layout.vpp
+    if v == 1:
+        return float(min(p - rank, microbatches))
+    chunks = min(2 * (p - rank - 1) + (v - 1) * p + 1, microbatches * v)
+    return chunks / v
+
+
+# ---------------------------------------------------------------------- parameters
+def stage_params(model: ModelSpec, layout: Layout, rank: int,
+                 per_layer: Callable[[str], float] | None = None,
+                 chunks: Sequence[tuple[int, int]] | None = None) -> float:
     """Parameters one GPU of pipeline rank ``rank`` holds: the one stage-parameter count.
 
-    Layers of the rank's chunks (each layer's own TP sharding, given by ``tp_sharded(kind)`` as the
-    per-layer parameters on one GPU, or the unsharded count when None), the input embedding and learned
-    positions on the first stage (embedding split by TP), the output layer and final norm on the last
-    stage. A tied output layer is a second copy only when the first and last stages differ (PP > 1):
-    Megatron keeps the copy on the last stage and all-reduces the two gradients.
+    ``per_layer(kind)`` gives one layer's parameters on one GPU for each layer type (FULL, LINEAR), with
+    the engine's TP sharding; None counts unsharded layers (and TP = 1 for the embedding and output).
+    ``chunks``: the rank's [start, stop) layer ranges when the caller has them (``Placement``).
+    The input embedding and learned positions sit on the first stage (embedding split by TP), the
+    output layer and final norm on the last. A tied output layer is a second copy only when the first
+    and last stages differ: Megatron keeps the copy on the last stage and all-reduces the two gradients.
     """
-    p = layout.pp
+    if chunks is None:
+        chunks = chunk_ranges(layout, model.num_layers)[rank]
     n = 0.0
-    for (a, z) in chunk_ranges(layout, model.num_layers)[rank]:
-        if tp_sharded is None:
+    for (a, z) in chunks:
+        if per_layer is None:
             n += sum(model.layer(i).total for i in range(a, z))
         else:
             full, lin = model.count_types(a, z)
-            n += full * tp_sharded("full") + (lin * tp_sharded("linear") if lin else 0)
-    tp = layout.tp if tp_sharded is not None else 1
+            n += full * per_layer(FULL) + (lin * per_layer(LINEAR) if lin else 0.0)
+    tp = layout.tp if per_layer is not None else 1
     if rank == 0:
         n += model.embedding_params / tp + model.position_params
-    if rank == p - 1:
+    if rank == layout.pp - 1:
         if not (rank == 0 and model.tied_embeddings):
             n += model.output_params / tp
         n += model.final_norm_params
     return n
+
+
+# ---------------------------------------------------------------------- the placement, derived once
+@dataclass(frozen=True, kw_only=True)
+class Chunk:
+    """One virtual pipeline chunk: a contiguous range of layers and its layer-type mix."""
+
+    start: int
+    """First layer (0-based)."""
+    stop: int
+    """One past the last layer."""
+    full: int
+    """Softmax-attention layers in the chunk."""
+    linear: int
+    """Gated DeltaNet layers in the chunk."""
+
+    @property
+    def layers(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True, kw_only=True)
+class StagePlacement:
+    """What one pipeline rank holds and how many microbatches it keeps alive at its peak."""
+
+    rank: int
+    """Pipeline rank, 0-based."""
+    chunks: tuple[Chunk, ...]
+    """The rank's virtual chunks in Megatron order (one chunk without VPP)."""
+    inflight: float
+    """Microbatches in flight at the rank's activation peak (1F1B or interleaved)."""
+    is_first: bool
+    """Holds the input embedding."""
+    is_last: bool
+    """Holds the output layer and the loss."""
+
+    @property
+    def layers(self) -> int:
+        return sum(c.layers for c in self.chunks)
+
+    @property
+    def ranges(self) -> list[tuple[int, int]]:
+        """The chunks' [start, stop) layer ranges."""
+        return [(c.start, c.stop) for c in self.chunks]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement:
+    """A layout placed on a model: stages, chunks, batching. Computed once by ``place``."""
+
+    stages: tuple[StagePlacement, ...]
+    """One entry per pipeline rank."""
+    batch: Batching
+    """Microbatching of the step."""
+
+
+def place(model: ModelSpec, layout: Layout, workload: Workload, engine: Engine) -> Placement:
+    """Per-stage and per-chunk layer ranges with their layer-type mix, batching and in-flight microbatches."""
+    b = batching(layout, workload, engine)
+    ranges = chunk_ranges(layout, model.num_layers)
+    p = layout.pp
+    stages = []
+    for r, chunks in enumerate(ranges):
+        cs = tuple(Chunk(start=a, stop=z, full=model.count_types(a, z)[0], linear=model.count_types(a, z)[1])
+                   for (a, z) in chunks)
+        stages.append(StagePlacement(rank=r, chunks=cs, inflight=inflight_microbatches(layout, r, b.microbatches),
+                                     is_first=r == 0, is_last=r == p - 1))
+    return Placement(stages=tuple(stages), batch=b)

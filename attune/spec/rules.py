@@ -75,7 +75,7 @@ def check(layout: Layout, model: ModelSpec, world_size: int, workload: Workload,
         e.append(f"precision '{L.precision}'; allowed: bf16, fp16")
     if engine.forces_distributed_optimizer and not L.distributed_optimizer:
         e.append(f"{engine.name} always uses the distributed optimizer")
-    if engine.name == "slime" and L.precision != "bf16":
+    if engine.bf16_only and L.precision != "bf16":
         e.append("slime trains in bf16 only")
     if L.optimizer_cpu_offload:
         if not L.precision_aware_optimizer:

@@ -13,10 +13,18 @@ gives ``train.py`` with the same flags.
 What runs where:
 
 * ``LaunchCommand.to_shell()`` is the script the Ray job runs on the head node: exports, the stack probe (one
-  JSON line with the image's versions, first, so a broken image fails fast), ``cd`` to the slime checkout, and
-  ``python3 train_async.py`` with one flag per line. Every user-supplied value is quoted with shlex.quote.
+  JSON line with the image's versions; non-fatal: where attune or the probe is missing it says so and the
+  launch goes on), ``cd`` to the slime checkout, and ``python3 train_async.py`` with one flag per line. Every
+  user-supplied value is quoted with shlex.quote.
 * Ray does not pass a driver's environment to the actors it starts, so the environment also goes into the
   job's ``runtime_env`` (``LaunchCommand.runtime_env()``), which reaches slime's training and rollout actors.
+* attune reaches the nodes through that runtime_env too: slime's image holds slime and Megatron-LM only, and
+  the rollout function (``--rollout-function-path``) is imported in slime's RolloutManager actor, so the job
+  ships attune's package directory as ``py_modules`` (reference slime-runtime-and-moe.md section 2); slime's
+  actors inherit the job's runtime_env (section 1). Nothing needs installing in the image.
+* Data: ``--disable-rollout-global-dataset`` keeps slime from opening ``--prompt-data`` itself (its global
+  data source reads ``--input-key`` prompts and, for checkpoints that ship a processor, asserts they are
+  lists, reference section 2); attune's rollout function reads ``args.prompt_data`` on its own.
   ``NCCL_NVLS_ENABLE`` with ``nvlink: auto`` is computed by the script on the node (``nvidia-smi topo -m``, as
   slime's scripts do) and handed to the training actors with slime's ``--train-env-vars``.
 * ``LaunchCommand.ray_entrypoint()`` is ``bash -c '<the script>'``.
@@ -27,24 +35,24 @@ $SFT_DATA, $PROFILE_DIR.
 
 from __future__ import annotations
 
-from attune.errors import UserInputError
-
+import json
 import re
 import shlex
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from pathlib import Path
 
+from attune.errors import UserInputError
+from attune.recipe.target import recipe_target
+from attune.runners.ray.cluster import PATH_VARS, ClusterConfig
 from attune.spec.engine import get_engine
-from attune.spec.hardware import Cluster, parse_cluster
-from attune.spec.layout import Layout, Workload
-from attune.errors import LayoutError
-from attune.spec.rules import check
-from attune.recipe.codec import from_recipe_blocks
 from attune.spec.flags import to_flags
-from attune.spec.model import ModelSpec, load_model
-from .cluster import PATH_VARS, ClusterConfig
+from attune.spec.hardware import Cluster
+from attune.spec.layout import Layout, Workload
+from attune.spec.model import ModelSpec
+from attune.spec.rules import check
 
 __all__ = ["LaunchCommand", "LaunchError", "ShellText", "model_args", "slime_command", "command_for_recipe",
-           "ROLLOUT_FUNCTION", "ASYNC_SCRIPT", "SYNC_SCRIPT", "stage_of_rank"]
+           "ROLLOUT_FUNCTION", "ASYNC_SCRIPT", "SYNC_SCRIPT", "ATTUNE_PACKAGE_DIR", "stage_of_rank"]
 
 
 class LaunchError(UserInputError):
@@ -69,6 +77,14 @@ NVLS_FROM_COUNT = '$([ "$NVLINK_COUNT" -gt 0 ] && echo 1 || echo 0)'
 # Variable holding the probe's interpreter: attune.recipe.runblock takes the first command that names a
 # python binary as the launch's main command, so the probe must not spell one out.
 PROBE_PY_VAR = "ATTUNE_PROBE_PYTHON"
+# attune's package directory on the submitting machine: shipped to every node as the job's runtime_env
+# py_modules (this file is attune/runners/slime/launch.py).
+ATTUNE_PACKAGE_DIR = str(Path(__file__).resolve().parents[2])
+# What py_modules leaves out of the upload (Ray's runtime_env "excludes", gitignore syntax).
+PY_MODULES_EXCLUDES = ["__pycache__/", "*.pyc"]
+# slime's flag that stops its global data source from opening --prompt-data (utils/arguments.py:627,
+# reference slime-runtime-and-moe.md section 2).
+NO_GLOBAL_DATASET = "--disable-rollout-global-dataset"
 _TRIAL_SAFE_RE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -211,15 +227,28 @@ def stage_of_rank(rank: int, layout: Layout) -> int:
 # ---------------------------------------------------------------------- the launch
 @dataclass
 class LaunchCommand:
+    """One trial's slime launch: the script the Ray job runs and the runtime_env it is submitted with."""
+
     trial: str
+    """Trial slug (TensorBoard run, output folder)."""
     python: str
-    script: str  # train_async.py | train.py
-    workdir: str  # slime checkout (cd there first)
-    env: dict[str, str]  # exported, in order; ShellText values are expanded by the shell
-    argv: list[str]  # python, script, flags...
-    setup: list[str] = field(default_factory=list)  # raw shell lines before the exports (generated, not user input)
+    """The training image's interpreter."""
+    script: str
+    """train_async.py | train.py."""
+    workdir: str
+    """slime checkout (the script cds there first)."""
+    env: dict[str, str]
+    """Exported, in order; ShellText values are expanded by the shell."""
+    argv: list[str]
+    """python, script, flags..."""
+    setup: list[str] = field(default_factory=list)
+    """Raw shell lines before the exports (generated, never user input)."""
     probe: bool = True
+    """Run the (non-fatal) stack probe before training."""
     comment: str = ""
+    """Header comment of the script."""
+    py_modules: list[str] = field(default_factory=lambda: [ATTUNE_PACKAGE_DIR])
+    """Local package directories the job ships to every node (runtime_env py_modules): attune itself."""
 
     @property
     def flags(self) -> list[str]:
@@ -238,31 +267,39 @@ class LaunchCommand:
     def to_shell(self) -> str:
         """A complete bash script; user values are shlex-quoted, one flag per line."""
         lines = ["#!/usr/bin/env bash"]
-        if self.comment:
-            lines += [f"# {c}" for c in self.comment.splitlines()]
+        lines += [f"# {c}" if c else "#" for c in self.comment.splitlines()]
+        lines += [f"# {c}" if c else "#" for c in self.shipping_note().splitlines()]
         lines.append("set -euo pipefail")
         lines += self.setup
-        for k, v in self.env.items():
-            lines.append(f"export {k}={_q(v)}")
+        lines += [f"export {k}={_q(v)}" for k, v in self.env.items()]
         if self.probe:
-            lines.append("# software stack of the training image, one JSON line (attune stack probe)")
-            lines.append(f"{PROBE_PY_VAR}={_q(self.python)}")
-            lines.append(f'"${PROBE_PY_VAR}" -m {STACK_PROBE_MODULE}')
+            lines += self._probe_lines()
         lines.append(f"cd {_q(self.workdir)}")
+        lines += self._train_lines()
+        return "\n".join(lines) + "\n"
+
+    def _probe_lines(self) -> list[str]:
+        # Non-fatal under set -e: a command on the left of || never stops the script.
+        return ["# software stack of the training image, one JSON line (attune stack probe); never fatal",
+                f"{PROBE_PY_VAR}={_q(self.python)}",
+                f'"${PROBE_PY_VAR}" -m {STACK_PROBE_MODULE} || echo "attune stack probe: not run (attune is not '
+                f'importable on this node, or the probe failed); the launch goes on" >&2']
+
+    def _train_lines(self) -> list[str]:
         cmd = [f"{_q(self.python)} {_q(self.script)} \\"]
         groups = self.flag_groups()
         for i, g in enumerate(groups):
             end = "" if i == len(groups) - 1 else " \\"
             cmd.append("  " + " ".join(_q(w) for w in g) + end)
-        lines += cmd
-        return "\n".join(lines) + "\n"
+        return cmd
 
     def ray_entrypoint(self) -> str:
         """The Ray job entrypoint: the script run by bash on the head node."""
         return "bash -c " + shlex.quote(self.to_shell())
 
     def runtime_env(self) -> dict:
-        """Ray runtime_env for the job: every env var Ray can express (actors do not inherit the driver's)."""
+        """Ray runtime_env for the job: every env var Ray can express (actors do not inherit the driver's) and
+        attune's package as py_modules (slime's actors inherit the job's runtime_env)."""
         env: dict[str, str] = {}
         for k, v in self.env.items():
             if isinstance(v, ShellText):
@@ -271,7 +308,28 @@ class LaunchCommand:
                 env[k] = v.ray
             else:
                 env[k] = str(v)
-        return {"env_vars": env}
+        out: dict = {"env_vars": env}
+        if self.py_modules:
+            out["py_modules"] = list(self.py_modules)
+            out["excludes"] = list(PY_MODULES_EXCLUDES)
+        return out
+
+    def shipping_note(self) -> str:
+        """How attune reaches the nodes, with the submission that does it (a comment of the script)."""
+        if not self.py_modules:
+            return ("attune on the nodes: nothing is shipped with this job; the stack probe and the rollout "
+                    "function need attune importable in the training image.")
+        marker = "@ATTUNE_PKG@"
+        env = self.runtime_env()
+        env["py_modules"] = [marker]
+        left, right = json.dumps(env).split(json.dumps(marker), 1)
+        runtime_json = shlex.quote(left + '"') + '"$ATTUNE_PKG"' + shlex.quote('"' + right)
+        return ("attune on the nodes: slime's image has no attune, so the Ray job ships it. The job's runtime_env\n"
+                "carries attune's package directory as py_modules (and the exports below as env_vars); slime's\n"
+                "RolloutManager and training actors inherit it. attune's slime runner submits it so; by hand:\n"
+                "  ATTUNE_PKG=$(python3 -c 'import attune, os; print(os.path.dirname(attune.__file__))')\n"
+                f"  ray job submit --address http://HEAD:8265 --runtime-env-json {runtime_json} "
+                '-- bash -c "$(cat this-script.sh)"')
 
 
 def _paths(cfg: ClusterConfig | None) -> dict[str, str]:
@@ -290,14 +348,9 @@ def _pythonpath(megatron: str, attune_dir: str | None) -> ShellText:
     return ShellText(text, shell, ray)
 
 
-def slime_command(model: ModelSpec, cluster_spec: Cluster, layout: Layout, workload: Workload,
-                  cluster_cfg: ClusterConfig | None = None, steps: int | None = None, async_: bool = True,
-                  trial: str | None = None, python: str | None = None, probe: bool = True) -> LaunchCommand:
-    """The slime launch of one trial: `steps` optimizer steps (= rollouts) of `layout` on `cluster_spec`.
-
-    steps defaults to workload.steps (20 in the seed). trial names the TensorBoard run and the output folder.
-    """
-    steps = workload.steps if steps is None else steps
+def _check_launchable(model: ModelSpec, cluster_spec: Cluster, layout: Layout, workload: Workload,
+                      cluster_cfg: ClusterConfig | None, steps: int) -> None:
+    """Raise LaunchError (one line, what is allowed) for a combination slime cannot run."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise LaunchError(f"steps must be a positive integer (got {steps!r})")
     a, b = workload.window
@@ -317,12 +370,11 @@ def slime_command(model: ModelSpec, cluster_spec: Cluster, layout: Layout, workl
     if model.positions == "learned" and workload.seq_length > model.max_positions:
         raise LaunchError(f"{model.name} has {model.max_positions} learned positions; rows of {workload.seq_length} "
                           f"tokens do not fit (use a row length <= {model.max_positions})")
-    trial = trial or f"attune-{layout.slug()}"
-    slug = trial_slug(trial)
-    paths = _paths(cluster_cfg)
-    py = python or (cluster_cfg.python if cluster_cfg else "python3")
-    nvlink = cluster_cfg.nvlink if cluster_cfg else "auto"
 
+
+def _launch_env(paths: dict[str, str], nvlink: str | int, cluster_cfg: ClusterConfig | None,
+                slug: str) -> tuple[dict[str, str], list[str]]:
+    """(exported environment, setup lines before it)."""
     env: dict[str, str] = {
         "CUDA_DEVICE_MAX_CONNECTIONS": "1",  # Megatron: comm/compute overlap ordering (slime scripts, seed env)
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",  # slime SFT script, seed env
@@ -338,38 +390,65 @@ def slime_command(model: ModelSpec, cluster_spec: Cluster, layout: Layout, workl
     env["PYTHONPATH"] = _pythonpath(paths["megatron"], cluster_cfg.paths.attune if cluster_cfg else None)
     env["TENSORBOARD_DIR"] = _join(paths["output"], slug, "tensorboard")  # slime's logger reads this (ref 2.1)
     if cluster_cfg is not None:
-        for k, v in cluster_cfg.env.items():
-            env[k] = v
+        env.update(cluster_cfg.env)
+    return env, setup
 
-    flags: list[str] = ["--actor-num-nodes", str(cluster_spec.nodes),
-                        "--actor-num-gpus-per-node", str(cluster_spec.gpus_per_node)]
-    flags += model_args(model)
-    flags += ["--hf-checkpoint", paths["hf_checkpoint"], "--ref-load", paths["torch_dist"]]
+
+def _data_flags(model: ModelSpec, paths: dict[str, str], workload: Workload, steps: int) -> list[str]:
+    """Checkpoints, attune's rollout function over the packed rows, batch and SFT loss."""
     gb = str(workload.global_batch)
-    flags += ["--rollout-function-path", ROLLOUT_FUNCTION, "--prompt-data", paths["sft_data"],
-              "--input-key", "messages", "--metadata-key", "metadata",
-              "--num-rollout", str(steps), "--rollout-batch-size", gb, "--global-batch-size", gb,
-              "--loss-type", "sft_loss"]
+    flags = ["--hf-checkpoint", paths["hf_checkpoint"], "--ref-load", paths["torch_dist"],
+             "--rollout-function-path", ROLLOUT_FUNCTION, "--prompt-data", paths["sft_data"], NO_GLOBAL_DATASET,
+             "--num-rollout", str(steps), "--rollout-batch-size", gb, "--global-batch-size", gb,
+             "--loss-type", "sft_loss"]
     lmt = loss_mask_type(model)
     if lmt:
         flags += ["--loss-mask-type", lmt]
-    flags += ["--calculate-per-token-loss", "--disable-compute-advantages-and-returns", "--debug-train-only"]
-    # layout: slime sets bf16 itself and a placeholder --seq-length; the batch is --global-batch-size above
-    lay = to_flags(layout)
-    drop = {"--bf16", "--fp16"}
-    flags += [f for f in lay if f not in drop]
-    flags += ["--optimizer", "adam", "--lr", _num(workload.lr), "--lr-decay-style", workload.lr_decay_style,
-              "--min-lr", _num(workload.min_lr), "--lr-warmup-fraction", _num(workload.warmup_fraction),
-              "--weight-decay", _num(workload.weight_decay), "--adam-beta1", _num(workload.adam_beta1),
-              "--adam-beta2", _num(workload.adam_beta2)]
-    flags += ["--attention-dropout", _flt(0.0), "--hidden-dropout", _flt(0.0),
-              "--accumulate-allreduce-grads-in-fp32", "--attention-softmax-in-fp32", "--attention-backend", "flash",
-              "--distributed-timeout-minutes", str(DISTRIBUTED_TIMEOUT_MIN)]
-    flags += ["--use-tensorboard", "--tb-project-name", TB_PROJECT, "--tb-experiment-name", slug]
+    return flags + ["--calculate-per-token-loss", "--disable-compute-advantages-and-returns", "--debug-train-only"]
+
+
+def _layout_flags(layout: Layout) -> list[str]:
+    """The layout through the one flag codec; slime sets bf16 itself (and a placeholder --seq-length)."""
+    return [f for f in to_flags(layout) if f not in ("--bf16", "--fp16")]
+
+
+def _optimizer_flags(workload: Workload) -> list[str]:
+    return ["--optimizer", "adam", "--lr", _num(workload.lr), "--lr-decay-style", workload.lr_decay_style,
+            "--min-lr", _num(workload.min_lr), "--lr-warmup-fraction", _num(workload.warmup_fraction),
+            "--weight-decay", _num(workload.weight_decay), "--adam-beta1", _num(workload.adam_beta1),
+            "--adam-beta2", _num(workload.adam_beta2)]
+
+
+def _runtime_flags(slug: str, nvlink: str | int) -> list[str]:
+    """Numerics switches of the seed, TensorBoard, and the node-computed NVLS switch for the actors."""
+    flags = ["--attention-dropout", _flt(0.0), "--hidden-dropout", _flt(0.0),
+             "--accumulate-allreduce-grads-in-fp32", "--attention-softmax-in-fp32", "--attention-backend", "flash",
+             "--distributed-timeout-minutes", str(DISTRIBUTED_TIMEOUT_MIN),
+             "--use-tensorboard", "--tb-project-name", TB_PROJECT, "--tb-experiment-name", slug]
     if nvlink == "auto":
-        # the node-computed NVLS switch for the training actors (runtime_env cannot run nvidia-smi)
+        # runtime_env cannot run nvidia-smi: the script computes the switch and slime hands it to the actors
         js = '{"NCCL_NVLS_ENABLE": "$NCCL_NVLS_ENABLE"}'
         flags += ["--train-env-vars", ShellText(js, '"{\\"NCCL_NVLS_ENABLE\\": \\"$NCCL_NVLS_ENABLE\\"}"', None)]
+    return flags
+
+
+def slime_command(model: ModelSpec, cluster_spec: Cluster, layout: Layout, workload: Workload,
+                  cluster_cfg: ClusterConfig | None = None, steps: int | None = None, async_: bool = True,
+                  trial: str | None = None, python: str | None = None, probe: bool = True) -> LaunchCommand:
+    """The slime launch of one trial: `steps` optimizer steps (= rollouts) of `layout` on `cluster_spec`.
+
+    steps defaults to workload.steps (20 in the seed). trial names the TensorBoard run and the output folder.
+    """
+    steps = workload.steps if steps is None else steps
+    _check_launchable(model, cluster_spec, layout, workload, cluster_cfg, steps)
+    slug = trial_slug(trial or f"attune-{layout.slug()}")
+    paths = _paths(cluster_cfg)
+    py = python or (cluster_cfg.python if cluster_cfg else "python3")
+    nvlink = cluster_cfg.nvlink if cluster_cfg else "auto"
+    env, setup = _launch_env(paths, nvlink, cluster_cfg, slug)
+    flags = (["--actor-num-nodes", str(cluster_spec.nodes), "--actor-num-gpus-per-node", str(cluster_spec.gpus_per_node)]
+             + model_args(model) + _data_flags(model, paths, workload, steps) + _layout_flags(layout)
+             + _optimizer_flags(workload) + _runtime_flags(slug, nvlink))
     script = ASYNC_SCRIPT if async_ else SYNC_SCRIPT
     comment = (f"attune slime trial {slug}: {model.name}, {layout.label()}, {steps} steps of "
                f"{workload.global_batch} x {workload.seq_length} tokens on {cluster_spec.spec}\n"
@@ -380,55 +459,14 @@ def slime_command(model: ModelSpec, cluster_spec: Cluster, layout: Layout, workl
 
 
 # ---------------------------------------------------------------------- from a recipe
-_RUN_OPTIMIZER_FLAGS = {"--lr": "lr", "--min-lr": "min_lr", "--lr-warmup-fraction": "warmup_fraction",
-                        "--weight-decay": "weight_decay", "--adam-beta1": "adam_beta1", "--adam-beta2": "adam_beta2"}
+def command_for_recipe(recipe: dict, cluster_cfg: ClusterConfig | None = None, async_: bool = True,
+                       source: str = "recipe") -> LaunchCommand:
+    """The slime launch of a recipe's model, gpu, layout and workload (the `attune slime command` view).
 
-
-def command_for_recipe(recipe: dict, cluster_cfg: ClusterConfig | None = None, async_: bool = True) -> LaunchCommand:
-    """The slime launch of a recipe's model, gpu, layout and workload blocks (the `attune slime command` view).
-
-    Optimizer settings come from the recipe's `run` flags when it has them (else attune's defaults, which are
-    the seed's), the step count and window from its `result` block (else 20 steps, window 5..19).
+    The recipe is read by attune.recipe.target.recipe_target, the one recipe parser: optimizer settings from
+    the recipe's `run` flags when it has them (else attune's defaults, which are the seed's), the step count and
+    window from its `result` block (else 20 steps, window 5..19). source names the recipe in messages.
     """
-    if not isinstance(recipe, dict):
-        raise LaunchError("recipe must be a mapping")
-    for key in ("model", "gpu", "layout", "workload"):
-        if not recipe.get(key):
-            raise LaunchError(f"recipe has no '{key}' block; a slime launch needs model, gpu, layout and workload")
-    model = load_model(str(recipe["model"]))
-    gpu = recipe["gpu"]
-    try:
-        count, per = int(gpu["count"]), int(gpu.get("per_node") or gpu["count"])
-        gtype = str(gpu["type"])
-    except (KeyError, TypeError, ValueError):
-        raise LaunchError("recipe gpu block needs type, count and per_node (integers)") from None
-    if per < 1 or count % per:
-        raise LaunchError(f"recipe gpu.count {count} is not a multiple of gpu.per_node {per}")
-    cluster_spec = parse_cluster(f"{count // per}x{per}x{gtype}")
-    try:
-        layout, workload = from_recipe_blocks(recipe["layout"], recipe["workload"])
-    except LayoutError as e:
-        raise LaunchError(f"recipe layout: {e}") from None
-    result = recipe.get("result") or {}
-    upd: dict = {}
-    if isinstance(result.get("steps_per_run"), int):
-        upd["steps"] = result["steps_per_run"]
-    if isinstance(result.get("window"), (list, tuple)) and len(result["window"]) == 2:
-        upd["window"] = (int(result["window"][0]), int(result["window"][1]))
-    run = recipe.get("run")
-    if isinstance(run, str) and run.strip():
-        from ...recipe.runblock import parse_run
-
-        fl = parse_run(run).flag_dict()
-        for flag, name in _RUN_OPTIMIZER_FLAGS.items():
-            try:
-                if fl.get(flag) is not None:
-                    upd[name] = float(fl[flag])
-            except ValueError:
-                pass
-        if fl.get("--lr-decay-style"):
-            upd["lr_decay_style"] = fl["--lr-decay-style"]
-    workload = replace(workload, **upd)
-    label = layout.slug()
-    return slime_command(model, cluster_spec, layout, workload, cluster_cfg=cluster_cfg, async_=async_,
-                         trial=f"attune-{label}")
+    t = recipe_target(recipe, engine="slime", source=source)
+    return slime_command(t.model, t.cluster, t.layout, t.workload, cluster_cfg=cluster_cfg, async_=async_,
+                         trial=f"attune-{t.layout.slug()}")

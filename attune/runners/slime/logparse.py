@@ -20,6 +20,13 @@ by ``step`` (= rollout_id * steps_per_rollout + step_id, model.py:879). With one
 
 If a rollout id is reported twice (a restarted job in one log) the last report wins.
 
+How the parse is built: each raw line is split into a typed ``_Line`` (Ray prefix, slime logging prefix, rank
+marker); one classifier per kind of line turns it into a record (``_TrainPerf``, ``_TrainStep``,
+``_TrainTimer``, ``_Ignored`` for rollout perf / critic lines) or, for every other line, into ``_Signals`` (OOM,
+traceback, exception line, Ray error, job status). ``_Collected`` accumulates them in log order; small
+functions then derive the per-rollout times (``_train_times``), the window (``_window_stats``), the OOM
+(``_oom_info``) and the crash (``_crash_info``).
+
 Crash rule: a traceback, a ``ray.exceptions.RayTaskError``/``RayActorError``/``ActorDiedError`` or a FAILED job
 status marks the run crashed, unless ``ray job submit`` reported the job as succeeded (then any traceback was
 handled). A CUDA OOM line always marks it crashed with kind "oom".
@@ -30,9 +37,11 @@ from __future__ import annotations
 import ast
 import math
 import re
-import statistics
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from attune.errors import UserInputError
+from attune.runners.base import step_time_stats
 
 __all__ = [
     "OomInfo",
@@ -105,54 +114,87 @@ _TRAIN_TIME_KEY = "perf/actor_train_time"
 _TRAIN_TOKPS_KEY = "perf/actor_train_tok_per_s"
 
 
-@dataclass(frozen=True)
+# ---------------------------------------------------------------------- public records
+@dataclass(frozen=True, kw_only=True)
 class OomInfo:
     """A CUDA out-of-memory error found in the log."""
 
-    requested_gib: float | None  # "Tried to allocate X" converted to GiB
-    gpu_index: int | None  # device index as the process sees it (Ray sets CUDA_VISIBLE_DEVICES, so often 0)
+    requested_gib: float | None
+    """"Tried to allocate X" converted to GiB."""
+    gpu_index: int | None
+    """Device index as the process sees it (Ray sets CUDA_VISIBLE_DEVICES, so often 0)."""
     total_capacity_gib: float | None
-    actor: str | None  # Ray actor name, e.g. MegatronTrainRayActor
+    """The device's total capacity, GiB, when the message states it."""
+    actor: str | None
+    """Ray actor name, e.g. MegatronTrainRayActor."""
     pid: int | None
-    rank: int | None  # torch.distributed rank, when a [rankN] marker ties it to the pid
-    rollout_id: int | None  # first rollout id without a training perf line when the OOM was printed
+    """Process id from Ray's actor prefix."""
+    rank: int | None
+    """torch.distributed rank, when a [rankN] marker ties it to the line or its pid."""
+    rollout_id: int | None
+    """First rollout id without a training perf line when the OOM was printed."""
     line: str
-    count: int  # OOM lines in the whole log (every rank that failed prints one)
+    """The OOM message (rank marker removed)."""
+    count: int
+    """OOM lines in the whole log (every rank that failed prints one)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CrashInfo:
     """A fatal error: traceback, Ray task error or a FAILED job status."""
 
-    kind: str  # "oom" | "exception" | "job_failed"
-    error: str | None  # e.g. "ValueError: row 517 has 8191 tokens" (first traceback's final line)
+    kind: str
+    """"oom" | "exception" | "job_failed"."""
+    error: str | None
+    """E.g. "ValueError: row 517 has 8191 tokens" (the first traceback's final line), or the OOM line."""
     actor: str | None
+    """Ray actor that printed the error, when known."""
     pid: int | None
-    tail: str  # last TAIL_LINES lines of the raw log
+    """Its process id, when known."""
+    tail: str
+    """Last TAIL_LINES lines of the raw log (ANSI codes removed)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SlimeRun:
     """Everything attune reads from one slime job's stdout."""
 
     gpus: int
+    """GPUs of the job (tokens/s are divided by it)."""
     window: tuple[int, int]
-    train_time_s: dict[int, float]  # rollout id -> perf/actor_train_time (or the Timer fallback), s
-    time_source: dict[int, str]  # rollout id -> "perf" | "timer"
-    tokens: dict[int, int]  # rollout id -> tokens trained (tok_per_s x time), tokens
-    loss: dict[int, float]  # step -> train/loss
-    grad_norm: dict[int, float]  # step -> train/grad_norm (nan kept)
+    """Measurement window, rollout ids, inclusive."""
+    train_time_s: dict[int, float]
+    """Rollout id -> perf/actor_train_time (or the Timer fallback), s."""
+    time_source: dict[int, str]
+    """Rollout id -> "perf" | "timer"."""
+    tokens: dict[int, int]
+    """Rollout id -> tokens trained (tok_per_s x time), tokens."""
+    loss: dict[int, float]
+    """Step -> train/loss."""
+    grad_norm: dict[int, float]
+    """Step -> train/grad_norm (nan kept)."""
     grad_norm_nan_count: int
-    window_missing: tuple[int, ...]  # window rollout ids without a train time or token count
-    complete: bool  # every window rollout id has a train time and a token count
-    window_tokens: int | None  # tokens over the present window steps
-    window_time_s: float | None  # summed train time over the present window steps, s
-    tokens_per_s_per_gpu: float | None  # window_tokens / window_time_s / gpus
-    step_time_cv_percent: float | None  # sample stdev / mean of window train times x 100
+    """Steps whose grad norm is nan (skipped updates)."""
+    window_missing: tuple[int, ...]
+    """Window rollout ids without a train time or token count."""
+    complete: bool
+    """Every window rollout id has a train time and a token count."""
+    window_tokens: int | None
+    """Tokens over the present window steps."""
+    window_time_s: float | None
+    """Summed train time over the present window steps, s."""
+    tokens_per_s_per_gpu: float | None
+    """window_tokens / window_time_s / gpus."""
+    step_time_cv_percent: float | None
+    """Step-time coefficient of variation of the window train times, % (attune.runners.base.step_time_stats)."""
     oom: OomInfo | None
+    """The first CUDA OOM, if any."""
     crash: CrashInfo | None
-    nccl_version: str | None  # from an "NCCL version X.Y.Z" banner, when NCCL_DEBUG=INFO printed one
-    train_perf: dict[int, dict[str, float]] = field(default_factory=dict)  # raw training perf dicts
+    """The fatal error, if any."""
+    nccl_version: str | None
+    """From an "NCCL version X.Y.Z" banner, when NCCL_DEBUG=INFO printed one."""
+    train_perf: dict[int, dict[str, float]] = field(default_factory=dict)
+    """Rollout id -> the raw training perf dict."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready mapping: int keys become strings, nan/inf become None (counted in grad_norm_nan_count)."""
@@ -171,24 +213,8 @@ class SlimeRun:
             "loss": {str(k): _json_float(v) for k, v in sorted(self.loss.items())},
             "grad_norm": {str(k): _json_float(v) for k, v in sorted(self.grad_norm.items())},
             "grad_norm_nan_count": self.grad_norm_nan_count,
-            "oom": None if self.oom is None else {
-                "requested_gib": self.oom.requested_gib,
-                "gpu_index": self.oom.gpu_index,
-                "total_capacity_gib": self.oom.total_capacity_gib,
-                "actor": self.oom.actor,
-                "pid": self.oom.pid,
-                "rank": self.oom.rank,
-                "rollout_id": self.oom.rollout_id,
-                "line": self.oom.line,
-                "count": self.oom.count,
-            },
-            "crash": None if self.crash is None else {
-                "kind": self.crash.kind,
-                "error": self.crash.error,
-                "actor": self.crash.actor,
-                "pid": self.crash.pid,
-                "tail": self.crash.tail,
-            },
+            "oom": None if self.oom is None else asdict(self.oom),
+            "crash": None if self.crash is None else asdict(self.crash),
             "nccl_version": self.nccl_version,
             "train_perf": {str(k): {kk: _json_float(vv) for kk, vv in v.items()}
                            for k, v in sorted(self.train_perf.items())},
@@ -214,18 +240,29 @@ def parse_dict_literal(text: str) -> dict[str, Any]:
     return {k: _NONFINITE.get(v, v) if isinstance(v, str) else v for k, v in value.items()}
 
 
-@dataclass(frozen=True)
+# ---------------------------------------------------------------------- one line, split
+@dataclass(frozen=True, kw_only=True)
 class _Line:
+    """One log line with Ray's and slime's prefixes taken apart."""
+
     raw: str
+    """The line as printed."""
     actor: str | None
+    """Ray actor name from the "(Actor pid=N, ip=...)" prefix."""
     pid: int | None
+    """Process id from that prefix."""
     file: str | None
+    """slime logging's "%(filename)s" (e.g. model.py)."""
     msg: str
+    """The message after both prefixes."""
+    rank: int | None
+    """Rank from a torch "[rankN]:" marker on the line."""
+    body: str
+    """msg with the "[rankN]:" markers removed (what error matching reads)."""
 
 
 def _split_line(raw: str) -> _Line:
-    text = _ANSI_RE.sub("", raw).rstrip("\r\n")
-    text = _RAY_REPEAT_RE.sub("", text)
+    text = _RAY_REPEAT_RE.sub("", _ANSI_RE.sub("", raw).rstrip("\r\n"))
     actor = pid = None
     m = _RAY_PREFIX_RE.match(text)
     if m:
@@ -235,7 +272,74 @@ def _split_line(raw: str) -> _Line:
     lm = _LOG_PREFIX_RE.match(text)
     if lm:
         file, text = lm.group("file"), lm.group("msg")
-    return _Line(raw=raw, actor=actor, pid=pid, file=file, msg=text)
+    rm = _RANK_MARK_RE.search(text)
+    body = _RANK_MARK_RE.sub("", text).strip() if rm else text
+    return _Line(raw=raw, actor=actor, pid=pid, file=file, msg=text,
+                 rank=int(rm.group("rank")) if rm else None, body=body)
+
+
+# ---------------------------------------------------------------------- line kinds
+@dataclass(frozen=True, kw_only=True)
+class _TrainPerf:
+    """train_metric_utils.py:401 "perf <rollout_id>: {...}" from the training rank."""
+
+    rollout_id: int
+    """Rollout id the perf dict belongs to."""
+    metrics: dict[str, float]
+    """Its numeric entries."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class _TrainStep:
+    """model.py:918 "step <step>: {...}" (one per optimizer step)."""
+
+    step: int
+    """accumulated_step_id = rollout_id * steps_per_rollout + step_id (model.py:879)."""
+    loss: float | None
+    """train/loss."""
+    grad_norm: float | None
+    """train/grad_norm (nan on a skipped update)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class _TrainTimer:
+    """timer.py:32 "Timer actor_train end (elapsed: X.Ys)" (global rank 0)."""
+
+    elapsed_s: float
+    """Elapsed training time, s (0.1 s resolution)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Ignored:
+    """A metrics line that is not training data: a rollout perf line, a critic step, an unparseable dict."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Signals:
+    """What a non-metrics line says about the job's health."""
+
+    oom: bool
+    """A CUDA out-of-memory message."""
+    traceback: bool
+    """A "Traceback (most recent call last):" header."""
+    exception: str | None
+    """A "SomeError: message" line (a traceback's final line when one is open)."""
+    ray_error: bool
+    """A ray.exceptions error that ends a job."""
+    job_failed: bool
+    """`ray job submit`/`status` reported failure."""
+    job_ok: bool
+    """`ray job submit`/`status` reported success."""
+
+
+_Metric = _TrainPerf | _TrainStep | _TrainTimer | _Ignored
+
+
+def _metrics_of(text: str) -> dict[str, Any] | None:
+    try:
+        return parse_dict_literal(text)
+    except ValueError:
+        return None
 
 
 def _is_train_perf(line: _Line, metrics: dict[str, Any]) -> bool:
@@ -246,185 +350,251 @@ def _is_train_perf(line: _Line, metrics: dict[str, Any]) -> bool:
     return line.file == _TRAIN_PERF_FILE or line.actor == _TRAIN_ACTOR
 
 
+def _perf_line(line: _Line) -> _TrainPerf | _Ignored | None:
+    m = _PERF_RE.search(line.msg)
+    if not m:
+        return None
+    metrics = _metrics_of(m.group("dict"))
+    if metrics is None or not _is_train_perf(line, metrics):
+        return _Ignored()
+    return _TrainPerf(rollout_id=int(m.group("id")),
+                      metrics={k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
+
+
+def _step_line(line: _Line) -> _TrainStep | _Ignored | None:
+    m = _STEP_RE.search(line.msg)
+    if not m:
+        return None
+    metrics = _metrics_of(m.group("dict"))
+    if metrics is None or not any(k.startswith("train/") for k in metrics):
+        return _Ignored()
+    loss, grad = metrics.get("train/loss"), metrics.get("train/grad_norm")
+    return _TrainStep(step=int(m.group("id")), loss=None if loss is None else float(loss),
+                      grad_norm=None if grad is None else float(grad))
+
+
+def _timer_line(line: _Line) -> _TrainTimer | None:
+    m = _TIMER_RE.search(line.msg)
+    return _TrainTimer(elapsed_s=float(m.group("s"))) if m else None
+
+
+def _metric_line(line: _Line) -> _Metric | None:
+    """The line's training metric record, or None when it is not a metrics line."""
+    for classify in (_perf_line, _step_line, _timer_line):
+        rec = classify(line)
+        if rec is not None:
+            return rec
+    return None
+
+
+def _nccl_version(line: _Line) -> str | None:
+    m = _NCCL_RE.search(line.msg)
+    return m.group("v") if m else None
+
+
+def _signals(line: _Line) -> _Signals:
+    body = line.body
+    exc = _EXC_LINE_RE.match(body)
+    return _Signals(oom=bool(_OOM_RE.search(body)), traceback=bool(_TRACEBACK_RE.match(body)),
+                    exception=body.strip() if exc else None, ray_error=bool(_RAY_ERROR_RE.search(body)),
+                    job_failed=bool(_JOB_FAILED_RE.search(body)), job_ok=bool(_JOB_OK_RE.search(body)))
+
+
+# ---------------------------------------------------------------------- the whole log
+@dataclass
+class _Collected:
+    """Everything read from the log's lines, in log order (the one mutable record of the parse)."""
+
+    perf: dict[int, dict[str, float]] = field(default_factory=dict)
+    loss: dict[int, float] = field(default_factory=dict)
+    grad_norm: dict[int, float] = field(default_factory=dict)
+    timers: list[float] = field(default_factory=list)  # "Timer actor_train end" elapsed values, s
+    pid_rank: dict[int, int] = field(default_factory=dict)
+    ooms: list[tuple[_Line, int]] = field(default_factory=list)  # (line, rollout id it happened in)
+    first_exc: tuple[_Line, str] | None = None
+    in_traceback: bool = False
+    saw_traceback: bool = False
+    saw_ray_error: bool = False
+    saw_failed: bool = False
+    saw_ok: bool = False
+    nccl_version: str | None = None
+
+    def add(self, line: _Line) -> None:
+        if line.rank is not None and line.pid is not None:
+            self.pid_rank.setdefault(line.pid, line.rank)
+        if self.nccl_version is None:
+            self.nccl_version = _nccl_version(line)
+        rec = _metric_line(line)
+        if rec is None:
+            self._add_signals(line, _signals(line))
+        elif isinstance(rec, _TrainPerf):
+            self.perf[rec.rollout_id] = rec.metrics  # a restarted job's second report wins
+        elif isinstance(rec, _TrainStep):
+            if rec.loss is not None:
+                self.loss[rec.step] = rec.loss
+            if rec.grad_norm is not None:
+                self.grad_norm[rec.step] = rec.grad_norm
+        elif isinstance(rec, _TrainTimer):
+            self.timers.append(rec.elapsed_s)
+
+    def _add_signals(self, line: _Line, s: _Signals) -> None:
+        if s.oom:
+            self.ooms.append((line, max(self.perf) + 1 if self.perf else 0))
+        if s.traceback:
+            self.saw_traceback = self.in_traceback = True
+        elif self.in_traceback and self.first_exc is None and s.exception:
+            self.first_exc = (line, s.exception)
+            self.in_traceback = False
+        self.saw_ray_error |= s.ray_error
+        self.saw_failed |= s.job_failed
+        self.saw_ok |= s.job_ok
+
+
+@dataclass(frozen=True, kw_only=True)
+class _TrainTimes:
+    """Per-rollout training times and token counts."""
+
+    time_s: dict[int, float]
+    """Rollout id -> train time, s."""
+    source: dict[int, str]
+    """Rollout id -> "perf" | "timer"."""
+    tokens: dict[int, int]
+    """Rollout id -> tokens trained."""
+
+
+def _train_times(perf: dict[int, dict[str, float]], timers: list[float]) -> _TrainTimes:
+    """The perf line first, the Timer line as a fallback.
+
+    Timer lines come from rank 0 and perf lines from the last pipeline stage, so their relative order in Ray's
+    merged stream is not reliable; the k-th "Timer actor_train end" line is taken as rollout (first reported
+    rollout id + k).
+    """
+    first_id = min(perf) if perf else 0
+    timer_for = {first_id + k: t for k, t in enumerate(timers)}
+    time_s: dict[int, float] = {}
+    source: dict[int, str] = {}
+    tokens: dict[int, int] = {}
+    for rid in sorted(set(perf) | set(timer_for)):
+        metrics = perf.get(rid, {})
+        t, src = metrics.get(_TRAIN_TIME_KEY), "perf"
+        if t is None or not math.isfinite(t):
+            t, src = timer_for.get(rid), "timer"
+        if t is None:
+            continue
+        time_s[rid], source[rid] = t, src
+        tps = metrics.get(_TRAIN_TOKPS_KEY)
+        if tps is not None and math.isfinite(tps) and src == "perf":
+            # tok_per_s = sum(total_lengths) / actor_train_time (train_metric_utils.py), so the product is the
+            # integer token count up to float rounding.
+            tokens[rid] = int(round(tps * t))
+    return _TrainTimes(time_s=time_s, source=source, tokens=tokens)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _WindowStats:
+    """Throughput and variability over the measurement window."""
+
+    missing: tuple[int, ...]
+    """Window rollout ids without a train time or a token count."""
+    tokens: int | None
+    """Tokens over the present window steps."""
+    time_s: float | None
+    """Train time over the present window steps, s."""
+    tokens_per_s_per_gpu: float | None
+    """tokens / time_s / gpus."""
+    cv_percent: float | None
+    """Step-time CV over the window steps with a time, %."""
+
+
+def _window_stats(tt: _TrainTimes, window: tuple[int, int], gpus: int) -> _WindowStats:
+    """Throughput over the window steps with a time and a token count; the CV over those with a time. Both
+    come from attune.runners.base.step_time_stats, the one step-time statistics definition."""
+    ids = range(window[0], window[1] + 1)
+    missing = tuple(i for i in ids if i not in tt.time_s or i not in tt.tokens)
+    present = [i for i in ids if i in tt.time_s and i in tt.tokens]
+    timed = [tt.time_s[i] for i in ids if i in tt.time_s]
+    cv = step_time_stats(timed).cv_percent if timed else None
+    if not present:
+        return _WindowStats(missing=missing, tokens=None, time_s=None, tokens_per_s_per_gpu=None, cv_percent=cv)
+    tokens = sum(tt.tokens[i] for i in present)
+    stats = step_time_stats([tt.time_s[i] for i in present], tokens=tokens, gpus=gpus)
+    return _WindowStats(missing=missing, tokens=tokens, time_s=stats.total_s,
+                        tokens_per_s_per_gpu=stats.tokens_per_s_per_gpu, cv_percent=cv)
+
+
 def _to_gib(n: str | None, unit: str | None) -> float | None:
     if n is None or unit is None:
         return None
     return float(n) * _TO_GIB[unit]
 
 
+def _oom_info(c: _Collected) -> OomInfo | None:
+    """The first OOM line, with its rank, device and requested size."""
+    if not c.ooms:
+        return None
+    line, rid = c.ooms[0]
+    body = line.body
+    am = _OOM_ALLOC_RE.search(body)
+    gm = _OOM_GPU_RE.search(body)
+    word = _RANK_WORD_RE.search(body)
+    rank = line.rank if line.rank is not None else (int(word.group("rank")) if word else c.pid_rank.get(line.pid))
+    gpu_idx = cap = None
+    if gm:
+        gpu_idx = int(gm.group("gpu") or gm.group("gpu2"))
+        cap = _to_gib(gm.group("n") or gm.group("n2"), gm.group("unit") or gm.group("unit2"))
+    return OomInfo(requested_gib=_to_gib(am.group("n"), am.group("unit")) if am else None, gpu_index=gpu_idx,
+                   total_capacity_gib=cap, actor=line.actor, pid=line.pid, rank=rank, rollout_id=rid,
+                   line=body.strip(), count=len(c.ooms))
+
+
+def _crash_info(c: _Collected, oom: OomInfo | None, raw_lines: list[str]) -> CrashInfo | None:
+    """The module's crash rule: an OOM always; a traceback, Ray error or FAILED status unless the job succeeded."""
+    fatal = (c.saw_traceback or c.saw_ray_error or c.saw_failed) and not c.saw_ok
+    if oom is None and not fatal:
+        return None
+    exc_line, exc = c.first_exc if c.first_exc else (None, None)
+    if oom is not None:
+        kind, actor, pid = "oom", oom.actor, oom.pid
+    else:
+        kind = "exception" if (c.saw_traceback or c.saw_ray_error) else "job_failed"
+        actor, pid = (exc_line.actor, exc_line.pid) if exc_line else (None, None)
+    return CrashInfo(kind=kind, error=exc or (oom.line if oom else None), actor=actor, pid=pid,
+                     tail="\n".join(_ANSI_RE.sub("", r) for r in raw_lines[-TAIL_LINES:]))
+
+
 def parse_slime_log(text: str, gpus: int, window: tuple[int, int] = DEFAULT_WINDOW) -> SlimeRun:
     """Parse one slime job's stdout into a SlimeRun (pure: no I/O)."""
     if gpus <= 0:
-        raise ValueError(f"gpus must be positive, got {gpus}")
+        raise UserInputError(f"gpus must be a positive GPU count, got {gpus}")
     a, b = window
     if a > b:
-        raise ValueError(f"window start {a} is after its end {b}")
-
+        raise UserInputError(f"window start {a} is after its end {b} (rollout ids, inclusive)")
     raw_lines = text.splitlines()
-    perf: dict[int, dict[str, float]] = {}
-    loss: dict[int, float] = {}
-    grad_norm: dict[int, float] = {}
-    timers: list[float] = []  # "Timer actor_train end" elapsed values in log order, s
-    pid_rank: dict[int, int] = {}
-    oom_lines: list[tuple[_Line, int | None]] = []
-    first_exc: tuple[_Line, str] | None = None
-    in_traceback = False
-    saw_traceback = saw_ray_error = saw_failed = saw_ok = False
-    nccl_version: str | None = None
-
+    collected = _Collected()
     for raw in raw_lines:
-        line = _split_line(raw)
-        msg = line.msg
-
-        rm = _RANK_MARK_RE.search(msg)
-        if rm and line.pid is not None:
-            pid_rank.setdefault(line.pid, int(rm.group("rank")))
-        body = _RANK_MARK_RE.sub("", msg).strip() if rm else msg
-
-        if nccl_version is None:
-            nm = _NCCL_RE.search(msg)
-            if nm:
-                nccl_version = nm.group("v")
-
-        pm = _PERF_RE.search(msg)
-        if pm:
-            try:
-                metrics = parse_dict_literal(pm.group("dict"))
-            except ValueError:
-                metrics = None
-            if metrics is not None and _is_train_perf(line, metrics):
-                rid = int(pm.group("id"))
-                perf[rid] = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
-            continue
-
-        sm = _STEP_RE.search(msg)
-        if sm:
-            try:
-                metrics = parse_dict_literal(sm.group("dict"))
-            except ValueError:
-                metrics = None
-            if metrics is not None and any(k.startswith("train/") for k in metrics):
-                step = int(sm.group("id"))
-                if "train/loss" in metrics:
-                    loss[step] = float(metrics["train/loss"])
-                if "train/grad_norm" in metrics:
-                    grad_norm[step] = float(metrics["train/grad_norm"])
-            continue
-
-        tm = _TIMER_RE.search(msg)
-        if tm:
-            timers.append(float(tm.group("s")))
-            continue
-
-        if _OOM_RE.search(body):
-            oom_lines.append((line, max(perf) + 1 if perf else 0))
-        if _TRACEBACK_RE.match(body):
-            saw_traceback = True
-            in_traceback = True
-        elif in_traceback and first_exc is None:
-            em = _EXC_LINE_RE.match(body)
-            if em:
-                first_exc = (line, body.strip())
-                in_traceback = False
-        if _RAY_ERROR_RE.search(body):
-            saw_ray_error = True
-        if _JOB_FAILED_RE.search(body):
-            saw_failed = True
-        if _JOB_OK_RE.search(body):
-            saw_ok = True
-
-    # Training times and tokens: the perf line first, the Timer line as a fallback. Timer lines come from
-    # rank 0 and perf lines from the last pipeline stage, so their relative order in Ray's merged stream is not
-    # reliable; the k-th "Timer actor_train end" line is taken as rollout (first reported rollout id + k).
-    first_id = min(perf) if perf else 0
-    timer_for = {first_id + k: t for k, t in enumerate(timers)}
-    train_time: dict[int, float] = {}
-    source: dict[int, str] = {}
-    tokens: dict[int, int] = {}
-    for rid in sorted(set(perf) | set(timer_for)):
-        metrics = perf.get(rid, {})
-        t = metrics.get(_TRAIN_TIME_KEY)
-        src = "perf"
-        if t is None or not math.isfinite(t):
-            t, src = timer_for.get(rid), "timer"
-        if t is None:
-            continue
-        train_time[rid], source[rid] = t, src
-        tps = metrics.get(_TRAIN_TOKPS_KEY)
-        if tps is not None and math.isfinite(tps) and src == "perf":
-            # tok_per_s = sum(total_lengths) / actor_train_time (train_metric_utils.py), so the product is the
-            # integer token count up to float rounding.
-            tokens[rid] = int(round(tps * t))
-
-    window_ids = list(range(a, b + 1))
-    missing = tuple(i for i in window_ids if i not in train_time or i not in tokens)
-    present = [i for i in window_ids if i in train_time and i in tokens]
-    window_tokens = sum(tokens[i] for i in present) if present else None
-    window_time = sum(train_time[i] for i in present) if present else None
-    tps_gpu = (window_tokens / window_time / gpus) if present and window_time and window_time > 0 else None
-    times = [train_time[i] for i in window_ids if i in train_time]
-    cv = (statistics.stdev(times) / statistics.fmean(times) * 100.0) if len(times) >= 2 else None
-
-    oom = None
-    if oom_lines:
-        line, rid = oom_lines[0]
-        body = _RANK_MARK_RE.sub("", line.msg)
-        am = _OOM_ALLOC_RE.search(body)
-        gm = _OOM_GPU_RE.search(body)
-        rank = None
-        rmk = _RANK_MARK_RE.search(line.msg) or _RANK_WORD_RE.search(body)
-        if rmk:
-            rank = int(rmk.group("rank"))
-        elif line.pid is not None:
-            rank = pid_rank.get(line.pid)
-        gpu_idx = cap = None
-        if gm:
-            gpu_idx = int(gm.group("gpu") or gm.group("gpu2"))
-            cap = _to_gib(gm.group("n") or gm.group("n2"), gm.group("unit") or gm.group("unit2"))
-        oom = OomInfo(
-            requested_gib=_to_gib(am.group("n"), am.group("unit")) if am else None,
-            gpu_index=gpu_idx,
-            total_capacity_gib=cap,
-            actor=line.actor,
-            pid=line.pid,
-            rank=rank,
-            rollout_id=rid,
-            line=body.strip(),
-            count=len(oom_lines),
-        )
-
-    crash = None
-    fatal = (saw_traceback or saw_ray_error or saw_failed) and not saw_ok
-    if oom is not None or fatal:
-        kind = "oom" if oom is not None else ("exception" if (saw_traceback or saw_ray_error) else "job_failed")
-        exc_line = first_exc[0] if first_exc else None
-        crash = CrashInfo(
-            kind=kind,
-            error=first_exc[1] if first_exc else (oom.line if oom else None),
-            actor=(oom.actor if oom else (exc_line.actor if exc_line else None)),
-            pid=(oom.pid if oom else (exc_line.pid if exc_line else None)),
-            tail="\n".join(_ANSI_RE.sub("", r) for r in raw_lines[-TAIL_LINES:]),
-        )
-
+        collected.add(_split_line(raw))
+    tt = _train_times(collected.perf, collected.timers)
+    ws = _window_stats(tt, (a, b), gpus)
+    oom = _oom_info(collected)
     return SlimeRun(
         gpus=gpus,
         window=(a, b),
-        train_time_s=dict(sorted(train_time.items())),
-        time_source=dict(sorted(source.items())),
-        tokens=dict(sorted(tokens.items())),
-        loss=dict(sorted(loss.items())),
-        grad_norm=dict(sorted(grad_norm.items())),
-        grad_norm_nan_count=sum(1 for v in grad_norm.values() if math.isnan(v)),
-        window_missing=missing,
-        complete=not missing,
-        window_tokens=window_tokens,
-        window_time_s=window_time,
-        tokens_per_s_per_gpu=tps_gpu,
-        step_time_cv_percent=cv,
+        train_time_s=dict(sorted(tt.time_s.items())),
+        time_source=dict(sorted(tt.source.items())),
+        tokens=dict(sorted(tt.tokens.items())),
+        loss=dict(sorted(collected.loss.items())),
+        grad_norm=dict(sorted(collected.grad_norm.items())),
+        grad_norm_nan_count=sum(1 for v in collected.grad_norm.values() if math.isnan(v)),
+        window_missing=ws.missing,
+        complete=not ws.missing,
+        window_tokens=ws.tokens,
+        window_time_s=ws.time_s,
+        tokens_per_s_per_gpu=ws.tokens_per_s_per_gpu,
+        step_time_cv_percent=ws.cv_percent,
         oom=oom,
-        crash=crash,
-        nccl_version=nccl_version,
-        train_perf=dict(sorted(perf.items())),
+        crash=_crash_info(collected, oom, raw_lines),
+        nccl_version=collected.nccl_version,
+        train_perf=dict(sorted(collected.perf.items())),
     )
 
 
@@ -444,7 +614,7 @@ def format_summary(run: SlimeRun) -> str:
     wtimes = [run.train_time_s[i] for i in range(a, b + 1) if i in run.train_time_s]
     if wtimes:
         cv = "n/a %" if run.step_time_cv_percent is None else f"{run.step_time_cv_percent:.2f} %"
-        out.append(f"step time: mean {statistics.fmean(wtimes):.2f} s, min {min(wtimes):.2f} s, "
+        out.append(f"step time: mean {step_time_stats(wtimes).mean_s:.2f} s, min {min(wtimes):.2f} s, "
                    f"max {max(wtimes):.2f} s, CV {cv} over {len(wtimes)} steps")
     if run.loss:
         s0, s1 = min(run.loss), max(run.loss)

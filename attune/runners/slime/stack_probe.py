@@ -1,7 +1,9 @@
 """Probe the software stack of a slime training image; print one JSON object.
 
-Run inside the training pod:  ``python -m attune.runners.slime.stack_probe``
-Import:  ``from attune.runners.slime.stack_probe import probe, stack_block``
+Run inside the training pod:  ``python -m attune.runners.slime.stack_probe`` (prints one JSON line; the only
+place this module prints). Import:  ``from attune.runners.slime.stack_probe import probe, stack_block,
+probe_json``. The launch script runs it non-fatally: where attune is not importable it says so and training
+goes on.
 
 Every field is null when the component is absent. Nothing here raises: each import is lazy and guarded,
 and subprocesses (git, nvcc) run with a timeout. Package versions come from installed distribution metadata
@@ -18,15 +20,18 @@ flash_linear_attention, ray, gpus (GPU names via pynvml), nvidia_driver, probed_
 from __future__ import annotations
 
 import datetime as _dt
+import importlib
+import importlib.util
 import json
 import os
 import platform
 import re
 import subprocess
 import sys
+from importlib import metadata
 from typing import Any
 
-__all__ = ["probe", "stack_block", "main"]
+__all__ = ["probe", "stack_block", "probe_json"]
 
 # Seconds allowed for each helper subprocess (git rev-parse, nvcc --version).
 SUBPROCESS_TIMEOUT_S = 10
@@ -50,10 +55,6 @@ MODULE_VERSION = {
 
 
 def _dist_version(names: tuple[str, ...]) -> str | None:
-    try:
-        from importlib import metadata
-    except Exception:  # pragma: no cover - stdlib
-        return None
     for name in names:
         try:
             return metadata.version(name)
@@ -64,8 +65,6 @@ def _dist_version(names: tuple[str, ...]) -> str | None:
 
 def _module_version(module: str) -> str | None:
     try:
-        import importlib
-
         mod = importlib.import_module(module)
         v = getattr(mod, "__version__", None)
         return str(v) if v is not None else None
@@ -88,8 +87,6 @@ def _run(cmd: list[str], cwd: str | None = None) -> str | None:
 def _package_dir(module: str) -> str | None:
     """Directory holding a top-level package, found without importing it."""
     try:
-        import importlib.util
-
         spec = importlib.util.find_spec(module)
     except Exception:
         return None
@@ -264,17 +261,17 @@ def stack_block(probe: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Print the probe as one JSON object (``--stack`` prints the recipe ``stack`` block instead)."""
-    args = sys.argv[1:] if argv is None else argv
+def probe_json(argv: list[str] | None = None) -> str:
+    """The probe as one JSON object (``--stack`` in argv: the recipe ``stack`` block instead); never raises."""
+    args = list(argv or [])
     try:
         data = probe()
-        out = stack_block(data) if "--stack" in args else data
-        print(json.dumps(out, sort_keys=False))
+        return json.dumps(stack_block(data) if "--stack" in args else data, sort_keys=False)
     except BaseException as exc:  # never raise, even here
-        print(json.dumps({"error": f"stack probe failed: {exc.__class__.__name__}"}))
-    return 0
+        return json.dumps({"error": f"stack probe failed: {exc.__class__.__name__}"})
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # The one place this module prints: `python3 -m attune.runners.slime.stack_probe [--stack]` on a node.
+    print(probe_json(sys.argv[1:]))
+    sys.exit(0)

@@ -1,14 +1,15 @@
-"""Run one torch-runner trial inside a Ray job (the `torch` trial kind of the slime runner).
+"""Run one torch-trainer trial inside a Ray job (the ``ray-torch`` runner's payload).  # entry point
 
 Entrypoint (built by :func:`entrypoint`)::
 
-    python3 -m attune.runners.slime.torch_job --spec-b64 <base64 JSON of the TrialSpec>
+    python3 -m attune.runners.ray.torch_job --spec-b64 <base64 JSON of the TrialSpec>
 
 The spec travels inside the entrypoint (no shared filesystem needed). The job rebuilds the TrialSpec, runs
 ``TorchRunner().run`` in a scratch trial folder on the node, copies torchrun's log to stdout while it runs
 (so it reaches the Ray job log), and prints the result as one line ``ATTUNE_TRIAL_RESULT {json}``, which
 :func:`parse_result_line` reads back. When Ray stops the job (SIGTERM to the entrypoint's process group),
-the torchrun process groups below it, which run in sessions of their own, are killed first.
+every process below the entrypoint (torchrun and its workers run in sessions of their own) is killed
+first, through psutil (:func:`attune.runners.procs.kill_descendants`).
 """
 
 from __future__ import annotations
@@ -16,23 +17,29 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
 import shlex
 import signal
 import sys
 import tempfile
 import threading
-import time
 from dataclasses import fields
 from pathlib import Path
+
+from attune.runners.base import TrialSpec
+from attune.runners.procs import kill_descendants
+from attune.runners.torch_runner import TorchRunner
+from attune.spec.engine import get_engine
+from attune.spec.hardware import parse_cluster
+from attune.spec.layout import Layout, Workload
+from attune.spec.model import ModelSpec
 
 __all__ = ["RESULT_MARKER", "encode_trial", "decode_trial", "entrypoint", "parse_result_line", "main"]
 
 RESULT_MARKER = "ATTUNE_TRIAL_RESULT "
 # How often the log copier looks for new torchrun output, s.
 TAIL_INTERVAL_S = 0.5
-# After SIGTERM to the torchrun process groups, how long before SIGKILL, s (Ray sends SIGKILL to the
-# entrypoint itself after RAY_JOB_STOP_WAIT_TIME_S, 3 s by default).
+# After SIGTERM to the processes below the entrypoint, how long before SIGKILL, s: Ray sends SIGKILL to the
+# entrypoint itself after RAY_JOB_STOP_WAIT_TIME_S (3 s by default), so the kill must finish well before.
 KILL_GRACE_S = 1.0
 
 
@@ -48,25 +55,21 @@ def encode_trial(spec, timeout_s: float | None = None, device: str | None = None
     w = _dc(spec.workload)
     w["window"] = list(w["window"])
     return {"model": m, "cluster": spec.cluster.spec, "layout": _dc(spec.layout), "workload": w,
-            "engine": spec.engine.name, "label": spec.label, "data_path": spec.data_path,
+            "engine": spec.engine.name, "label": spec.label, "trial_number": spec.trial_number,
+            "data_path": spec.data_path,
             "memory_limit_gib": spec.memory_limit_gib, "timeout_s": timeout_s, "device": device}
 
 
 def decode_trial(d: dict, trial_dir: Path | None = None):
     """The TrialSpec (and the device) of an encoded trial."""
-    from attune.spec.engine import get_engine
-    from attune.spec.hardware import parse_cluster
-    from attune.spec.layout import Layout, Workload
-    from attune.spec.model import ModelSpec
-    from ..base import TrialSpec
-
     m = dict(d["model"])
     m["layer_types"] = tuple(m["layer_types"])
     w = dict(d["workload"])
     w["window"] = tuple(w["window"])
     spec = TrialSpec(model=ModelSpec(**m), cluster=parse_cluster(d["cluster"]), layout=Layout(**d["layout"]),
                      workload=Workload(**w), engine=get_engine(d.get("engine") or "torch"), trial_dir=trial_dir,
-                     timeout_s=d.get("timeout_s"), label=d.get("label") or "", data_path=d.get("data_path"),
+                     timeout_s=d.get("timeout_s"), label=d.get("label") or "", trial_number=d.get("trial_number"),
+                     data_path=d.get("data_path"),
                      memory_limit_gib=d.get("memory_limit_gib"))
     return spec, d.get("device")
 
@@ -74,7 +77,7 @@ def decode_trial(d: dict, trial_dir: Path | None = None):
 def entrypoint(encoded: dict, python: str = "python3") -> str:
     """The Ray job entrypoint for an encoded trial."""
     b64 = base64.b64encode(json.dumps(encoded, separators=(",", ":")).encode()).decode()
-    return f"{shlex.quote(python)} -m attune.runners.slime.torch_job --spec-b64 {b64}"
+    return f"{shlex.quote(python)} -m attune.runners.ray.torch_job --spec-b64 {b64}"
 
 
 def parse_result_line(log: str) -> dict | None:
@@ -89,44 +92,8 @@ def parse_result_line(log: str) -> dict | None:
     return None
 
 
-def _descendant_groups(pid: int) -> set[int]:
-    """Process groups of every descendant of pid other than pid's own (from /proc)."""
-    kids: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            kids.setdefault(ppid, []).append(int(d.name))
-    own = os.getpgid(pid)
-    groups: set[int] = set()
-    todo = [pid]
-    while todo:
-        for c in kids.get(todo.pop(), []):
-            todo.append(c)
-            try:
-                g = os.getpgid(c)
-            except ProcessLookupError:
-                continue
-            if g != own:
-                groups.add(g)
-    return groups
-
-
-def _kill_descendants() -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for g in _descendant_groups(os.getpid()):
-            try:
-                os.killpg(g, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        if sig == signal.SIGTERM:
-            time.sleep(KILL_GRACE_S)
-
-
 def _on_sigterm(signum, frame):  # noqa: ARG001 - signal handler signature
-    _kill_descendants()
+    kill_descendants(KILL_GRACE_S)
     raise SystemExit(128 + signum)
 
 
@@ -151,7 +118,7 @@ def _copy_log(path: Path, stop: threading.Event) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="attune: one torch-runner trial inside a Ray job")
-    ap.add_argument("--spec-b64", required=True, help="base64 of the trial JSON (attune.runners.slime.torch_job.entrypoint)")
+    ap.add_argument("--spec-b64", required=True, help="base64 of the trial JSON (attune.runners.ray.torch_job.entrypoint)")
     ap.add_argument("--trial-dir", default=None, help="scratch folder on the node (default: a new temp folder)")
     args = ap.parse_args(argv)
     try:
@@ -162,7 +129,6 @@ def main(argv: list[str] | None = None) -> int:
     trial_dir = Path(args.trial_dir) if args.trial_dir else Path(tempfile.mkdtemp(prefix="attune-rayjob-"))
     spec, device = decode_trial(encoded, trial_dir)
     signal.signal(signal.SIGTERM, _on_sigterm)
-    from ..torch_runner import TorchRunner
 
     stop = threading.Event()
     copier = threading.Thread(target=_copy_log, args=(trial_dir / "log.txt", stop), daemon=True)

@@ -1,0 +1,104 @@
+"""Resolve what a command works on: model, cluster, engine, layout and workload.
+
+A layout comes from exactly one of: a recipe (which also names its model and GPUs), Megatron/slime flags,
+or the model's baseline (slime's own launch, adapted to the cluster). This is the one place the CLI,
+tests and notebooks turn user input into typed values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from attune.errors import UserInputError
+from attune.recipe.io import load_recipe
+from attune.recipe.target import recipe_target
+from attune.spec.baselines import baseline_layout
+from attune.spec.engine import Engine, get_engine
+from attune.spec.flags import from_flags
+from attune.spec.hardware import Cluster, parse_cluster
+from attune.spec.layout import Layout, Workload
+from attune.spec.model import ModelSpec, load_model
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """Everything an estimate or a run needs, resolved and typed."""
+
+    model: ModelSpec
+    """The model."""
+    cluster: Cluster
+    """GPUs and nodes."""
+    engine: Engine
+    """Training engine whose memory and speed rules apply."""
+    layout: Layout
+    """The parallel layout (DP derived from the cluster size)."""
+    workload: Workload
+    """Rows, batch, steps and hyper-parameters."""
+    source: str
+    """Where the layout came from: a recipe path, "flags", or the baseline's note."""
+    ignored_flags: tuple[str, ...] = field(default=())
+    """Flags after ``--`` that are neither layout nor workload flags."""
+
+
+def workload_with(base: Workload, *, seq: int | None = None, global_batch: int | None = None,
+                  steps: int | None = None) -> Workload:
+    """``base`` with the command line's overrides (None keeps the base's value)."""
+    kw = {}
+    if seq is not None:
+        kw["seq_length"] = seq
+    if global_batch is not None:
+        kw["global_batch"] = global_batch
+    w = replace(base, **kw) if kw else base
+    return w.with_steps(steps) if steps is not None else w
+
+
+def resolve_target(*, model: str | None = None, gpus: str | None = None, gpus_per_node: int | None = None,
+                   price: float | None = None, engine: str | None = None, seq: int | None = None,
+                   global_batch: int | None = None, steps: int | None = None, recipe: str | Path | None = None,
+                   flags: Sequence[str] | None = None, base_workload: Workload | None = None,
+                   max_tp: int | None = None, max_cp: int | None = None) -> Target:
+    """The target of a command from its options.
+
+    ``recipe`` and ``flags`` are exclusive; with neither, the model's baseline layout adapted to the
+    cluster (TP and CP capped at ``max_tp``/``max_cp`` for runners that cannot split tensors). A recipe
+    supplies the model and GPUs unless ``model``/``gpus`` override them.
+    """
+    if recipe is not None and flags:
+        raise UserInputError("give a layout by --recipe or by flags after --, not both")
+    base = base_workload or Workload()
+    if recipe is not None:
+        data = load_recipe(recipe)
+        cluster_arg: str | Cluster | None = gpus
+        if gpus_per_node is not None or price is not None:
+            first = recipe_target(data, engine=engine, base_workload=base, gpus=gpus, model=model,
+                                  source=str(recipe), check_rules=False)
+            cluster_arg = parse_cluster(gpus or first.cluster.spec, gpus_per_node, price)
+        rt = recipe_target(data, engine=engine, base_workload=base, gpus=cluster_arg, model=model,
+                           source=str(recipe), check_rules=False)
+        wl = workload_with(rt.workload, seq=seq, global_batch=global_batch, steps=steps)
+        return Target(model=rt.model, cluster=rt.cluster, engine=rt.engine, layout=rt.layout, workload=wl,
+                      source=f"recipe {recipe}")
+    if not model or not gpus:
+        missing = " and ".join(n for n, v in (("--model", model), ("--gpus", gpus)) if not v)
+        raise UserInputError(f"{missing} required (or --recipe FILE, which names both)")
+    m = load_model(model)
+    cluster = parse_cluster(gpus, gpus_per_node, price)
+    eng = get_engine(engine or "slime")
+    wl = workload_with(base, seq=seq, global_batch=global_batch)
+    ignored: tuple[str, ...] = ()
+    if flags:
+        parsed = from_flags(list(flags), m, cluster.world_size, wl)
+        layout, ignored = parsed.layout, tuple(parsed.ignored)
+        wl = workload_with(parsed.workload, seq=seq, global_batch=global_batch)
+        source = "flags"
+    else:
+        layout, source = baseline_layout(m, cluster, wl, eng, max_tp=max_tp, max_cp=max_cp)
+    if engine_forces := eng.forces_distributed_optimizer:
+        if not layout.distributed_optimizer:
+            layout = replace(layout, distributed_optimizer=engine_forces)
+    if steps is not None:
+        wl = wl.with_steps(steps)
+    return Target(model=m, cluster=cluster, engine=eng, layout=layout, workload=wl, source=source,
+                  ignored_flags=ignored)

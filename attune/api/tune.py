@@ -1,0 +1,228 @@
+"""`attune tune` as a function: resolve the session's configuration, run the tuner, write the recipe, report,
+plots and trials.csv, verify a measured winner, and copy the recipe into `recipes/` only when asked.
+
+Outputs go to `out` or, by default, to `reports/<model>-<gpus>-<UTC date>/` under the CURRENT working directory
+(`default_out_dir`); nothing is written into tracked files unless `save_recipe=True`, which copies the recipe to
+`<recipes_root>/recipes/<model>/<gpu>/attune-<layout>.yaml` (`recipes_root` defaults to the working directory).
+Progress goes to `progress(message, completed=None)` and to the `attune.search.tuner` logger; nothing prints.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from attune.correctness.verdict import Verdict, apply_verdict
+from attune.correctness.verify import verify_recipe, write_outputs
+from attune.errors import NoFeasibleLayout, UserInputError
+from attune.recipe import lint, write_recipe
+from attune.reporting import build_recipe, recipe_path, write_csv, write_report
+from attune.runners.registry import get_runner, runner_capabilities
+from attune.search.records import records, study_counts
+from attune.search.space import load_space
+from attune.search.tuner import StudyError, TuneConfig, TuneOutcome, Tuner
+from attune.spec.baselines import baseline_layout
+from attune.spec.engine import get_engine
+from attune.spec.hardware import parse_cluster
+from attune.spec.layout import Workload
+from attune.spec.model import load_model
+
+log = logging.getLogger(__name__)
+
+# the engine when neither the runner nor the caller names one (slime's launch, as the recipes are)
+DEFAULT_ENGINE = "slime"
+Progress = Callable[..., None]
+
+
+def default_out_dir(model: str, gpus: str, now: dt.datetime | None = None) -> Path:
+    """`reports/<model>-<gpus>-<UTC date>/` under the current working directory."""
+    date = (now or dt.datetime.now(dt.timezone.utc)).strftime("%Y-%m-%d")
+    return Path.cwd() / "reports" / f"{model}-{gpus}-{date}"
+
+
+def runner_name_for(runner: str, trial_kind: str = "slime") -> str:
+    """The registry name of `--runner R --trial-kind K`: a torch trial as a Ray job is the `ray-torch` runner."""
+    if trial_kind not in ("slime", "torch"):
+        raise UserInputError(f"trial kind '{trial_kind}': allowed slime, torch")
+    caps = runner_capabilities(runner)
+    if trial_kind == "torch" and caps.needs_cluster_file and caps.engine != "torch":
+        return "ray-torch"
+    return runner
+
+
+def _writable(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise StudyError(f"output folder {out} is not writable ({e.strerror})") from None
+
+
+def tune_config(*, model: str, gpus: str, runner: str = "sim", trial_kind: str = "slime",
+                gpus_per_node: int | None = None, price: float | None = None, engine: str | None = None,
+                seq: int | None = None, global_batch: int | None = None, steps: int | None = None,
+                trials: int | None = None, candidates: int | None = None, search_space: str | None = None,
+                seed: int = 0, storage: str | None = None, study_name: str | None = None,
+                out: str | Path | None = None, slack: float = 0.8, timeout_s: float | None = None,
+                cluster_file: str | None = None, data: str | None = None, memory_headroom: float = 0.02,
+                heartbeat_interval_s: int | None = None, grace_period_s: int | None = None) -> TuneConfig:
+    """The session's configuration from typed arguments (the CLI's options, one to one). The runner's declared
+    capabilities decide the engine, workload, search space, trial counts and baseline limits it needs."""
+    name = runner_name_for(runner, trial_kind)
+    caps = runner_capabilities(name)
+    m = load_model(model)
+    cluster = parse_cluster(gpus, gpus_per_node, price)
+    eng = get_engine(caps.engine or engine or DEFAULT_ENGINE)
+    wl = caps.default_workload or Workload()
+    if seq or global_batch:
+        wl = replace(wl, **{k: v for k, v in (("seq_length", seq), ("global_batch", global_batch)) if v})
+    if steps:
+        wl = wl.with_steps(steps)
+    space = load_space(search_space or caps.default_search_space)
+    opts = {}
+    if caps.needs_cluster_file:
+        if not cluster_file:
+            raise StudyError(f"the {runner} runner needs --cluster cluster.yaml (format: docs/cluster.md)")
+        # the study name goes into every Ray submission id, so a resubmission finds this study's job only
+        opts.update(cluster_file=cluster_file, study=study_name or f"{m.name}-{cluster.spec}-{space.name}-seed{seed}")
+    run = get_runner(name, **opts)
+    base, note = baseline_layout(m, cluster, wl, eng, **caps.baseline_limits())
+    out_dir = Path(out) if out else default_out_dir(m.name, cluster.spec)
+    _writable(out_dir)
+    extra = {k: v for k, v in (("heartbeat_interval_s", heartbeat_interval_s), ("grace_period_s", grace_period_s))
+             if v is not None}
+    return TuneConfig(model=m, cluster=cluster, engine=eng, workload=wl, space=space, runner=run, baseline=base,
+                      baseline_note=note, trials=trials or caps.default_trials,
+                      candidates=candidates or caps.default_candidates, slack=slack, seed=seed,
+                      storage=storage or f"sqlite:///{(out_dir / 'study.db').resolve()}",
+                      study_name=study_name or f"{m.name}-{cluster.spec}-{runner}-{eng.name}-{space.name}",
+                      out_dir=out_dir, timeout_s=timeout_s, headroom=memory_headroom, data_path=data, **extra)
+
+
+@dataclass(kw_only=True)
+class TuneResult:
+    """What `tune` produced."""
+
+    config: TuneConfig
+    """The resolved configuration of the session."""
+    outcome: TuneOutcome
+    """The study, its best and baseline trials, this session's counts and wall time."""
+    recipe: dict
+    """The winner as a recipe (after verification when it ran)."""
+    recipe_path: Path
+    """out_dir/recipe.yaml."""
+    report_path: Path
+    """out_dir/report.md."""
+    csv_path: Path
+    """out_dir/trials.csv."""
+    saved_recipe: Path | None = None
+    """The copy in recipes/ (save_recipe=True only)."""
+    verdict: Verdict | None = None
+    """The correctness verdict of a measured winner (None when not verified)."""
+    lint_errors: list = field(default_factory=list)
+    """Recipe lint findings of severity error (the CLI exits 1 when there are any)."""
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.outcome.best and self.outcome.best.measured)
+
+    def summary_lines(self) -> list[str]:
+        """The lines `attune tune` prints at the end: winner, baseline and gain, where the files are."""
+        best, base = self.outcome.best, self.outcome.baseline
+        kind = "measured" if self.measured else "predicted"
+        lines = [f"winner: {best.label}: {best.value:,.1f} tokens/s/GPU ({kind})"]
+        if base is not None and base.value:
+            lines.append(f"baseline: {base.label}: {base.value:,.1f} tokens/s/GPU; "
+                         f"gain {100 * (best.value / base.value - 1):+.1f}% ({kind})")
+        copy = f" (copied to {self.saved_recipe})" if self.saved_recipe else ""
+        lines.append(f"recipe: {self.recipe_path}{copy}; report: {self.report_path}; "
+                     f"wall time {self.outcome.wall_s:.1f} s")
+        lines += [f"recipe lint error: {f.path}: {f.message}" for f in self.lint_errors]
+        return lines
+
+
+def _no_feasible(cfg: TuneConfig, outcome: TuneOutcome) -> NoFeasibleLayout:
+    c = study_counts(outcome.study)
+    cap = cfg.cluster.gpu.capacity_gib
+    short = [r.predicted_peak_gib - cap for r in records(outcome.study) if r.predicted_peak_gib is not None]
+    msg = f"no layout fits {cfg.cluster.spec} for {cfg.model.name}"
+    if short:
+        msg += f" (smallest shortfall {min(short):.1f} GiB over {cap:.1f} GiB per GPU)"
+    return NoFeasibleLayout(msg + f"; {c.estimated} candidates estimated")
+
+
+def verify_winner(cfg: TuneConfig, recipe: dict, progress: Progress | None = None) -> tuple[dict, Verdict]:
+    """Verify a measured winner against the study's baseline layout (convergence + component tests); returns
+    the recipe with the verdict applied and the verdict (also written to out_dir/verify/)."""
+    say = (lambda m: progress(m)) if progress else None
+    verdict = verify_recipe(recipe, cfg.runner, workdir=cfg.out_dir / "verify", reference_layout=cfg.baseline,
+                            reference_source=f"the study's baseline layout ({cfg.baseline.label()})",
+                            steps=cfg.workload.steps, progress=say)
+    write_outputs(verdict, cfg.out_dir / "verify")
+    return apply_verdict(recipe, verdict), verdict
+
+
+def run_tuning(cfg: TuneConfig, *, verify: bool = True, save_recipe: bool = False,
+               recipes_root: str | Path | None = None, progress: Progress | None = None) -> TuneResult:
+    """Tune with a resolved configuration and write every output (see the module docstring)."""
+    outcome = Tuner(cfg, progress).run()
+    csv_path = cfg.out_dir / "trials.csv"
+    if outcome.best is None:
+        write_csv(outcome.study, csv_path)
+        raise _no_feasible(cfg, outcome)
+    recipe = build_recipe(cfg, outcome)
+    rp = cfg.out_dir / "recipe.yaml"
+    write_recipe(recipe, rp)
+    verdict = None
+    if cfg.runner.capabilities.measured and verify:
+        if progress:
+            progress("verifying the winner against the baseline layout (convergence + component tests)")
+        recipe, verdict = verify_winner(cfg, recipe, progress)
+        write_recipe(recipe, rp)
+    errors = [f for f in lint(recipe) if f.severity == "error"]
+    write_csv(outcome.study, csv_path)
+    report = write_report(cfg, outcome, cfg.out_dir, recipe)
+    saved = None
+    if save_recipe:
+        saved = recipe_path(Path(recipes_root) if recipes_root else Path.cwd(), cfg.model.name, cfg.cluster.type_key,
+                            outcome.best.to_layout())
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(rp, saved)
+    return TuneResult(config=cfg, outcome=outcome, recipe=recipe, recipe_path=rp, report_path=report,
+                      csv_path=csv_path, saved_recipe=saved, verdict=verdict, lint_errors=errors)
+
+
+def tune(*, model: str, gpus: str, verify: bool = True, save_recipe: bool = False,
+         recipes_root: str | Path | None = None, progress: Progress | None = None, **options) -> TuneResult:
+    """`attune tune`: `tune_config(model=..., gpus=..., **options)` then `run_tuning`. Raises
+    NoFeasibleLayout (exit 1) when no layout fits, UserInputError subclasses (exit 2) for bad input."""
+    cfg = tune_config(model=model, gpus=gpus, **options)
+    return run_tuning(cfg, verify=verify, save_recipe=save_recipe, recipes_root=recipes_root, progress=progress)
+
+
+def config_from_args(args) -> TuneConfig:
+    """`tune_config` with the options of `attune tune`'s parsed command line (an argparse Namespace)."""
+    return tune_config(model=args.model, gpus=args.gpus, runner=args.runner,
+                       trial_kind=getattr(args, "trial_kind", "slime"), gpus_per_node=args.gpus_per_node,
+                       price=args.price, engine=args.engine, seq=args.seq, global_batch=args.global_batch,
+                       steps=args.steps, trials=args.trials, candidates=args.candidates,
+                       search_space=args.search_space, seed=args.seed, storage=args.storage,
+                       study_name=args.study_name, out=args.out, slack=args.slack, timeout_s=args.timeout,
+                       cluster_file=args.cluster, data=getattr(args, "data", None),
+                       memory_headroom=args.memory_headroom)
+
+
+def tune_from_args(args, progress: Progress | None = None) -> TuneResult:
+    """`run_tuning(config_from_args(args))` with `--no-verify` and `--save-recipe`."""
+    return run_tuning(config_from_args(args), verify=not args.no_verify,
+                      save_recipe=getattr(args, "save_recipe", False), progress=progress)
+
+
+__all__ = ["tune", "tune_config", "run_tuning", "config_from_args", "tune_from_args", "TuneResult", "default_out_dir", "verify_winner",
+           "runner_name_for"]

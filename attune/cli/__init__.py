@@ -1,0 +1,54 @@
+"""attune's command line: the only place that prints, exits and configures logging.
+
+Every command is a thin function over ``attune.api``. Errors: an ``AttuneError`` becomes one line on
+stderr and its exit code (2 for bad input, 1 for run-time failures); anything else is a bug and keeps its
+traceback. ``--debug`` or ``ATTUNE_DEBUG=1`` re-raises attune's errors with their traceback too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from attune.errors import AttuneError
+
+from .parser import build_parser
+
+__all__ = ["main", "build_parser"]
+
+
+def _configure_logging(verbose: bool) -> None:
+    from rich.logging import RichHandler
+
+    root = logging.getLogger("attune")
+    if not any(isinstance(h, RichHandler) for h in root.handlers):
+        handler = RichHandler(show_time=False, show_path=False, markup=False, rich_tracebacks=False)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose else logging.WARNING)  # progress has its own display
+    root.propagate = False
+    # Optuna logs every trial at INFO; the tuner reports progress itself
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "flags", None) and args.flags[0] == "--":
+        args.flags = args.flags[1:]
+    debug = bool(getattr(args, "debug", False)) or os.environ.get("ATTUNE_DEBUG", "") not in ("", "0")
+    _configure_logging(getattr(args, "verbose", False))
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("attune: interrupted", file=sys.stderr)
+        return 130
+    except AttuneError as e:
+        if debug:
+            raise
+        text = " ".join(str(e).split()) or type(e).__name__
+        print(f"attune: error: {text}", file=sys.stderr)
+        return e.exit_code

@@ -1,0 +1,155 @@
+"""One function per sub-command: call the API, print, return the exit code."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from attune import api
+from attune.api import tune as tune_api
+from attune.api.verify import verify as verify_recipe_file
+from attune.errors import UserInputError
+from attune.recipe import has_errors, lint, load_recipe, render
+from attune.runners.ray.cluster import load_cluster
+from attune.runners.slime.launch import command_for_recipe
+from attune.runners.slime.logparse import format_summary, parse_slime_log
+from attune.spec.hardware import GPUS, detect_local_gpus
+from attune.spec.model import bundled_names, load_model
+
+from . import render as out
+
+
+def _target(args, **overrides) -> api.Target:
+    kw = dict(model=args.model, gpus=args.gpus, gpus_per_node=args.gpus_per_node, price=args.price,
+              engine=args.engine, seq=args.seq, global_batch=args.global_batch,
+              recipe=getattr(args, "recipe", None), flags=getattr(args, "flags", None) or None)
+    kw.update({k: v for k, v in overrides.items() if v is not None})
+    return api.resolve_target(**kw)
+
+
+def cmd_estimate(args) -> int:
+    target = _target(args)
+    est = api.estimate_target(target)
+    if args.json:
+        d = est.to_dict()
+        d["layout_source"] = target.source
+        d["ignored_flags"] = list(target.ignored_flags)
+        print(json.dumps(d, indent=2))
+    else:
+        out.print_estimate(est, target.source, target.ignored_flags)
+    return 0
+
+
+def cmd_models(args) -> int:
+    models = [load_model(n) for n in bundled_names()]
+    if args.json:
+        print(json.dumps([m.summary() for m in models], indent=2))
+    else:
+        out.console().print(out.models_table(models))
+    return 0
+
+
+def cmd_gpus(args) -> int:
+    local = detect_local_gpus()
+    if args.json:
+        print(json.dumps({"gpus": [out.gpu_row(k, g) for k, g in GPUS.items()], "local": local}, indent=2))
+    else:
+        con = out.console()
+        con.print(out.gpus_table(GPUS))
+        con.print(f"local GPUs (NVML): {', '.join(local) if local else 'none detected'}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    caps = api.runner_capabilities(args.runner)
+    target = _target(args, steps=args.steps, base_workload=caps.default_workload,
+                     max_tp=caps.max_tp, max_cp=caps.max_cp, engine=caps.engine)
+    outcome = api.run_once(target, runner=args.runner, out_dir=args.out, timeout_s=args.timeout,
+                           cluster_file=args.cluster)
+    res = outcome.result
+    if args.json:
+        print(json.dumps(res.to_dict(), indent=2, default=str))
+    else:
+        print(out.format_run_result(res, target.layout, target.workload, target.source))
+        print(f"output: {outcome.out_dir}")
+    if res.status != "ok":
+        why = " ".join((res.reason or "no reason given").split())
+        print(f"attune run: {res.status}: {why}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_tune(args) -> int:
+    con = out.console()
+    cfg = tune_api.config_from_args(args)
+    con.print(f"attune tune: {cfg.model.name} on {cfg.cluster.spec}, runner {cfg.runner.name}, "
+              f"{cfg.trials} measured trials, study '{cfg.study_name}' in {cfg.storage}", highlight=False)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=con, transient=False) as prog:
+        task = prog.add_task("measured trials", total=cfg.trials)
+
+        def progress(msg: str, completed: int | None = None) -> None:
+            if completed is not None:
+                prog.update(task, completed=min(completed, cfg.trials))
+            prog.update(task, description=msg[:100])
+
+        result = tune_api.run_tuning(cfg, verify=not args.no_verify, save_recipe=args.save_recipe,
+                                     progress=progress)
+    if result.verdict is not None:
+        con.print(f"correctness: {result.recipe['correctness']['result']}; status {result.recipe['status']}",
+                  highlight=False)
+    for line in result.summary_lines():
+        con.print(line, highlight=False, markup=False)
+    return 1 if result.lint_errors else 0
+
+
+def cmd_verify(args) -> int:
+    outcome = verify_recipe_file(args.recipe, runner=args.runner, steps=args.steps, out_dir=args.out,
+                                 negative_control=args.negative_control, reference=args.reference,
+                                 cluster_file=args.cluster, progress=print)
+    print(f"{outcome.recipe_path}: status {outcome.status}; arms and losses in {outcome.out_dir}")
+    if not outcome.passed:
+        print(f"attune verify: {outcome.verdict.correctness_block()['summary']}", file=sys.stderr)
+    return outcome.exit_code
+
+
+def cmd_recipe_validate(args) -> int:
+    findings = lint(load_recipe(args.file))
+    for f in findings:
+        print(f"{f.severity}: {f.path}: {f.message}")
+    n_err = sum(f.severity == "error" for f in findings)
+    print(f"{args.file}: {n_err} error(s), {len(findings) - n_err} warning(s)")
+    return 1 if has_errors(findings) else 0
+
+
+def cmd_recipe_show(args) -> int:
+    out.console().print(render(load_recipe(args.file)))
+    return 0
+
+
+def cmd_slime_command(args) -> int:
+    cfg = load_cluster(args.cluster) if args.cluster else None
+    print(command_for_recipe(load_recipe(args.recipe), cfg).to_shell())
+    return 0
+
+
+def cmd_slime_parse_log(args) -> int:
+    p = Path(args.log)
+    if not p.is_file():
+        raise UserInputError(f"{args.log}: no such log file")
+    a, b = args.window
+    if a > b:
+        raise UserInputError(f"--window {a} {b}: the first step must not be after the last")
+    run = parse_slime_log(p.read_text(errors="replace"), gpus=args.gpus, window=(a, b))
+    print(json.dumps(run.to_dict(), indent=2) if args.json else format_summary(run))
+    return 0 if run.complete and not run.crash else 1
+
+
+def cmd_data_build(args) -> int:
+    stats = api.build_data(input_path=args.input, tokenizer=args.tokenizer, row_tokens=args.row_tokens,
+                           seed=args.seed, max_rows=args.max_rows, out=args.out)
+    print(json.dumps(stats.to_dict(), indent=2))
+    return 0

@@ -1,0 +1,53 @@
+"""trials.csv: one row per trial of the study, from Optuna's `study.trials_dataframe()` joined with the
+columns derived from each trial's `TrialRecord` (layout fields, predicted against measured)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+
+from attune.search.records import TrialRecord
+
+# layout fields copied into their own columns
+LAYOUT_COLUMNS = ("tp", "sp", "pp", "first", "last", "vpp", "cp", "dp", "recompute_granularity", "recompute_method",
+                  "recompute_num_layers", "optimizer_cpu_offload", "max_tokens_per_gpu")
+# the columns of trials.csv, in order
+CSV_FIELDS = ["number", "state", "role", "kind", "runner", "label", *LAYOUT_COLUMNS, "predicted_peak_gib",
+              "predicted_peak_stage", "measured_peak_gib", "predicted_tokens_per_s_per_gpu",
+              "measured_tokens_per_s_per_gpu", "memory_error_percent", "throughput_error_percent", "reason"]
+
+
+def record_row(r: TrialRecord) -> dict:
+    """The trials.csv columns a record contributes (everything but number and state)."""
+    lay = r.layout or {}
+    return {
+        "role": r.role or "", "kind": r.kind or "", "runner": r.runner or "", "label": r.label or "",
+        **{k: lay.get(k, "") for k in LAYOUT_COLUMNS},
+        "predicted_peak_gib": r.predicted_peak_gib,
+        "predicted_peak_stage": "" if r.predicted_peak_stage is None else r.predicted_peak_stage,
+        "measured_peak_gib": r.measured_peak_max_gib,
+        "predicted_tokens_per_s_per_gpu": r.predicted_tokens_per_s_per_gpu,
+        "measured_tokens_per_s_per_gpu": r.measured_throughput,
+        "memory_error_percent": r.memory_error_percent,
+        "throughput_error_percent": r.throughput_error_percent,
+        "reason": r.reason or "",
+    }
+
+
+def trials_frame(study: optuna.Study):
+    """A pandas DataFrame with the trials.csv columns: number and state from `study.trials_dataframe()`, the
+    rest from the trials' records."""
+    df = study.trials_dataframe(attrs=("number", "state"), multi_index=False)
+    rows = {t.number: record_row(TrialRecord.from_trial(t)) for t in study.get_trials(deepcopy=False)}
+    if df.empty:
+        return df.reindex(columns=CSV_FIELDS)
+    for col in CSV_FIELDS[2:]:
+        df[col] = [rows[n][col] for n in df["number"]]
+    return df[CSV_FIELDS].astype(object)
+
+
+def write_csv(study: optuna.Study, path: Path) -> Path:
+    """Write trials.csv (empty cells for missing values); returns its path."""
+    trials_frame(study).to_csv(path, index=False, na_rep="", lineterminator="\r\n")  # as the csv module writes
+    return path

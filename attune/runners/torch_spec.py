@@ -1,0 +1,37 @@
+"""The torch trainer's spec.json: what ``TorchRunner`` writes and each ``torch_worker`` rank reads.
+
+Kept apart from the worker so the runner side never imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from attune.spec.layout import Layout, Workload
+from attune.spec.model import ModelSpec
+
+__all__ = ["encode_spec", "decode_spec"]
+
+
+def _dc_to_dict(obj) -> dict:
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
+
+
+def encode_spec(model: ModelSpec, layout: Layout, workload: Workload, engine_name: str, out_dir: str,
+                device: str, data_path: str | None, memory_limit_gib: float | None, timeout_s: float | None) -> dict:
+    m = _dc_to_dict(model)
+    m["layer_types"] = list(m["layer_types"])
+    w = _dc_to_dict(workload)
+    w["window"] = list(w["window"])
+    return {"model": m, "layout": _dc_to_dict(layout), "workload": w, "engine": engine_name, "out_dir": str(out_dir),
+            "device": device, "data_path": data_path, "memory_limit_gib": memory_limit_gib, "timeout_s": timeout_s}
+
+
+def decode_spec(cfg: dict) -> tuple[ModelSpec, Layout, Workload]:
+    m = dict(cfg["model"])
+    m["layer_types"] = tuple(m["layer_types"])
+    w = dict(cfg["workload"])
+    w["window"] = tuple(w["window"])
+    return ModelSpec(**m), Layout(**cfg["layout"]), Workload(**w)
+
+

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from attune.errors import AttuneError
 
-import os
+import warnings
 import socket
 
 from attune.spec.model import ModelSpec
@@ -29,12 +29,9 @@ def _free_port() -> int:
 def megatron_param_count(model: ModelSpec) -> int:
     """Total parameters of `model` as megatron-core's GPTModel builds it (TP = PP = 1, meta device)."""
     try:
-        import warnings
-
         import torch
         import torch.distributed as dist
         import torch.nn.functional as F
-        warnings.filterwarnings("ignore", module="megatron")
         from megatron.core import parallel_state
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -43,12 +40,27 @@ def megatron_param_count(model: ModelSpec) -> int:
         raise CrossCheckError(f"the cross-check needs the optional extra: pip install 'attune[megatron]' ({e.name})") from None
     if model.family == "qwen3_5":
         raise CrossCheckError("megatron-core's Gated DeltaNet spec needs Transformer Engine; not cross-checked on CPU")
-    if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        dist.init_process_group("gloo", rank=0, world_size=1)
-    if not parallel_state.model_parallel_is_initialized():
+    # a one-rank gloo group of our own (no environment variables set), torn down again below
+    owns_group = not dist.is_initialized()
+    if owns_group:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    owns_mp = not parallel_state.model_parallel_is_initialized()
+    if owns_mp:
         parallel_state.initialize_model_parallel(1, 1)
+    try:
+        return _count(model, torch, F)
+    finally:
+        if owns_mp:
+            parallel_state.destroy_model_parallel()
+        if owns_group:
+            dist.destroy_process_group()
+
+
+def _count(model: ModelSpec, torch, F) -> int:
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
     llama = model.family == "llama"
     cfg = TransformerConfig(
         num_layers=model.num_layers, hidden_size=model.hidden, ffn_hidden_size=model.ffn,
@@ -58,7 +70,8 @@ def megatron_param_count(model: ModelSpec) -> int:
         qk_layernorm=model.qk_norm, use_cpu_initialization=True, perform_initialization=False,
         params_dtype=torch.bfloat16)
     spec = get_gpt_layer_local_spec(normalization=cfg.normalization, qk_layernorm=model.qk_norm)
-    with torch.device("meta"):
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", module="megatron")
         m = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=model.vocab,
                      max_sequence_length=model.max_positions,
                      position_embedding_type="rope" if model.positions == "rope" else "learned_absolute",

@@ -47,6 +47,9 @@ VARIANTS = {
     "offload_fraction": dict(_PA, optimizer_cpu_offload=True, offload_fraction=0.3),
     "overlap_cpu_optimizer": dict(_PA, optimizer_cpu_offload=True, overlap_cpu_optimizer=True),
     "precision": dict(precision="fp16"),
+    "overlap_grad_reduce": dict(overlap_grad_reduce=True),
+    "overlap_param_gather": dict(overlap_param_gather=True),
+    "tp_comm_overlap": dict(tp_comm_overlap=True),
 }
 # Layout fields that are numerics, not layout, by their flags' class: --bf16 / --fp16 change the arithmetic.
 NUMERICS_FIELDS = {"precision"}

@@ -1,5 +1,7 @@
 import pytest
 
+from attune.estimator.coefficients import DEFAULT
+from attune.estimator.performance import _link_gbps
 from attune.spec.hardware import GPUS, get_gpu, parse_cluster
 from attune.errors import HardwareError
 
@@ -17,7 +19,7 @@ def test_specs():
 
 
 def test_unknown_and_malformed():
-    with pytest.raises(HardwareError, match="known: H100, H200, A100, B200"):
+    with pytest.raises(HardwareError, match="known: H100, H200, A100, B200, GB200"):
         parse_cluster("8xV100")
     with pytest.raises(HardwareError, match="malformed"):
         parse_cluster("eight H200")
@@ -33,3 +35,21 @@ def test_table_sane_and_price_override():
     # the seed: 0.88 USD per million tokens at 2,499.52 tokens/s/GPU
     assert h200.usd_per_hour / 3600 / 2499.52 * 1e6 == pytest.approx(0.88, abs=0.005)
     assert parse_cluster("8xH200", price=2.0).gpu.usd_per_hour == 2.0
+
+
+def test_gb200_nvl72():
+    """GB200 NVL72: 4 GPUs per compute tray, 72 on one NVLink fabric, 2.5 PFLOP/s dense BF16 each."""
+    c = parse_cluster("128xGB200")
+    assert (c.gpus_per_node, c.nodes) == (4, 32)
+    g = c.gpu
+    assert g.nvlink_span == 72 and g.nvls and g.generation == "blackwell"
+    assert g.bf16_tflops == 2500.0 and 170 < g.capacity_gib < 180
+    assert get_gpu("H200").nvlink_span == 8 and not get_gpu("A100").nvls
+
+
+def test_nvl72_collectives_stay_on_nvlink():
+    """A 64-GPU DP group spans 16 GB200 trays but one NVLink domain: NVLink bandwidth, not the NICs."""
+    gb = parse_cluster("128xGB200")
+    h = parse_cluster("128xH100")
+    assert _link_gbps(64, 1, gb, DEFAULT) == pytest.approx(900 * DEFAULT.nvlink_efficiency)
+    assert _link_gbps(64, 1, h, DEFAULT) < 100

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from attune.spec.model import FULL, LINEAR, bundled_names, from_hf_config, load_model
+from attune.spec.model import FULL, LINEAR, bundled_names, from_geometry, from_hf_config, load_model
 from attune.errors import ModelError
 
 
@@ -68,3 +68,48 @@ def test_layer_types_list_honoured():
            "layer_types": ["full_attention", "linear_attention", "linear_attention", "full_attention"]}
     m = from_hf_config(cfg)
     assert [m.layer_type(i) for i in range(4)] == [FULL, LINEAR, LINEAR, FULL]
+
+
+@pytest.mark.parametrize("name,non_embedding,embedding,tol", [
+    # Nemotron-4 15B (arXiv 2402.16819 section 2): 12.5B non-embedding + 3.2B embedding parameters
+    ("Nemotron-4-15B", 12.5e9, 3.2e9, 0.02),
+    # Nemotron-4 340B (arXiv 2406.11704 section 2.1): 331.6B non-embedding + 9.4B embedding parameters
+    ("Nemotron-4-340B", 331.6e9, 9.4e9, 0.005),
+])
+def test_nemotron_published_counts(name, non_embedding, embedding, tol):
+    m = load_model(name)
+    emb = m.embedding_params + (0 if m.tied_embeddings else m.output_params)
+    assert m.family == "nemotron" and m.mlp == "squared_relu" and m.norm == "layernorm1p"
+    assert m.total_params - emb == pytest.approx(non_embedding, rel=tol)
+    assert emb == pytest.approx(embedding, rel=0.02)
+
+
+def test_gpt3_175b_published_count():
+    # Brown et al. 2020 (arXiv 2005.14165) Table 2.1: 175.0B parameters
+    m = load_model("GPT-3-175B")
+    assert m.total_params == pytest.approx(175.0e9, rel=0.005)
+    assert m.mlp == "gelu" and m.positions == "learned"
+
+
+def test_from_geometry_matches_the_configs():
+    """The corpus's bare geometry rebuilds the bundled configs' parameter counts exactly."""
+    nemo = from_geometry(name="n", layers=32, hidden=6144, ffn=24576, heads=48, kv_heads=8, vocab=256000,
+                         mlp="squared_relu")
+    assert nemo.total_params == load_model("Nemotron-4-15B").total_params
+    gpt = from_geometry(name="g", layers=96, hidden=12288, ffn=49152, heads=96, vocab=50257, mlp="gelu (GPT)",
+                        seq_length=2048)
+    assert gpt.total_params == load_model("GPT-3-175B").total_params
+    layers_only = from_geometry(name="l", layers=2, hidden=64, ffn=256, heads=4, vocab=0, mlp="gelu")
+    assert layers_only.embedding_params == 0 and layers_only.output_params == 0
+    with pytest.raises(ModelError, match="allowed: swiglu, gelu, squared_relu"):
+        from_geometry(name="x", layers=2, hidden=64, ffn=256, heads=4, vocab=10, mlp="geglu")
+
+
+def test_nemotron_hf_config():
+    cfg = {"model_type": "nemotron", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 256,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, "hidden_act": "relu2"}
+    m = from_hf_config(cfg)
+    # per layer: q, o 64x64 each, k, v 64x32 each; up and down 64x256; two LayerNorm1p norms of 2 x 64
+    assert m.full_layer().total == 2 * 64 * 64 + 2 * 64 * 32 + 2 * 64 * 256 + 4 * 64
+    with pytest.raises(ModelError, match="relu2"):
+        from_hf_config(dict(cfg, hidden_act="silu"))

@@ -45,12 +45,19 @@ def seed() -> dict:
     return load_recipe(SEED)
 
 
+# The seed's run flags that do nothing in its mode (the flag table's no_effect; lint warns about each).
+SEED_NO_OPS = ("--loss-mask-type qwen3_5 \\\n", ' \\\n  --tensorboard-dir "$PROFILE_DIR"')
+
+
 @pytest.fixture()
 def fixed(seed) -> dict:
-    """The seed with its entrypoint replaced by slime's train_async.py."""
+    """The seed with its entrypoint replaced by slime's train_async.py and its no-op flags dropped."""
     r = copy.deepcopy(seed)
     assert SEED_ENTRY in r["run"]
     r["run"] = r["run"].replace(SEED_ENTRY, "python3 train_async.py \\\n")
+    for no_op in SEED_NO_OPS:
+        assert no_op in r["run"], no_op
+        r["run"] = r["run"].replace(no_op, "")
     return r
 
 
@@ -607,12 +614,44 @@ def test_lint_layout_in_agreement_when_offloaded(fixed):
     assert [f.path for f in _errors(lint(fixed))] == ["layout.offload.fraction"]
 
 
-def test_lint_unknown_flag_warns(fixed):
+def test_lint_unknown_flag_is_an_error(fixed):
+    """slime hands Megatron's parser ignore_unknown_args=True: an unknown flag is silently ignored at launch, so
+    lint reports it as an error (issue 13)."""
+    assert not has_errors(lint(fixed))
     fixed["run"] = fixed["run"].replace("--debug-train-only", "--debug-train-only --frobnicate-gpus 3")
-    findings = lint(fixed)
-    assert not has_errors(findings)
-    warns = _warnings(findings)
-    assert len(warns) == 1 and "--frobnicate-gpus" in warns[0].message and warns[0].path == "run"
+    errs = _errors(lint(fixed))
+    assert len(errs) == 1 and errs[0].path == "run" and "unknown flag --frobnicate-gpus" in errs[0].message
+    assert "ignore_unknown_args" in errs[0].message and "did you mean" not in errs[0].message
+
+
+def test_lint_misspelled_flag_names_the_real_one(fixed):
+    fixed["run"] = fixed["run"].replace("--recompute-num-layers 12", "--recompute-num-layer 12")
+    msgs = [f.message for f in _errors(lint(fixed))]
+    assert any(m.startswith("unknown flag --recompute-num-layer:") and m.endswith("did you mean --recompute-num-layers?")
+               for m in msgs), msgs
+    # the layout block still says 12 layers: the misspelled flag leaves the run without them
+    assert any("run does not set --recompute-num-layers" in f.message for f in lint(fixed))
+
+
+def test_lint_warns_about_flags_without_effect(seed, fixed):
+    """Known flags that do nothing in the run's mode are warnings with the reason and its source."""
+    assert not [f for f in lint(fixed) if "has no effect" in f.message]
+    seed_warns = {f.message.split()[0] for f in _warnings(lint(seed)) if "has no effect" in f.message}
+    assert seed_warns == {"--loss-mask-type", "--tensorboard-dir"}  # custom rollout function; slime's own logger
+    fixed["run"] = fixed["run"].replace("--debug-train-only", "--debug-train-only --use-gated-attention "
+                                        "--tb-project-name p --tb-experiment-name e")
+    warns = {f.message.split()[0]: f.message for f in _warnings(lint(fixed)) if "has no effect" in f.message}
+    assert set(warns) == {"--use-gated-attention"}  # no TENSORBOARD_DIR export: the tb names are used
+    assert "--attention-output-gate" in warns["--use-gated-attention"] and "megatron.patch" in warns["--use-gated-attention"]
+    fixed["run"] = "export TENSORBOARD_DIR=/tb\n" + fixed["run"]
+    fixed["env"]["TENSORBOARD_DIR"] = "/tb"
+    warns = {f.message.split()[0] for f in _warnings(lint(fixed)) if "has no effect" in f.message}
+    assert warns == {"--use-gated-attention", "--tb-project-name", "--tb-experiment-name"}
+    # slime's own SFT rollout reads --loss-mask-type: then it has an effect
+    fixed["run"] = fixed["run"].replace("pretokenized_sft_rollout.generate_rollout",
+                                        "slime.rollout.sft_rollout.generate_rollout") \
+        .replace("--debug-train-only", "--debug-train-only --loss-mask-type qwen3_5")
+    assert "--loss-mask-type" not in {f.message.split()[0] for f in _warnings(lint(fixed))}
 
 
 def test_lint_flag_value_shapes(fixed):

@@ -39,10 +39,10 @@ def spec(layout: Layout = Layout(pp=2, dp=1), trial_dir: Path | None = None, clu
 
 # ------------------------------------------------------------------------------------------- registry
 def test_registry_names_and_unknown_name():
-    assert runner_names() == ("sim", "torch", "slime", "ray-torch")
+    assert runner_names() == ("sim", "torch", "slime", "ray-torch", "replay")
     with pytest.raises(UserInputError) as ei:
         get_runner("x")
-    assert str(ei.value) == "unknown runner 'x'; allowed: sim, torch, slime, ray-torch"
+    assert str(ei.value) == "unknown runner 'x'; allowed: sim, torch, slime, ray-torch, replay"
     assert ei.value.exit_code == 2
     assert not hasattr(base, "get_runner")  # base knows no concrete runner
     for name in runner_names():
@@ -50,7 +50,8 @@ def test_registry_names_and_unknown_name():
 
 
 def test_capabilities_of_each_runner():
-    sim, torch, slime, ray_torch = (runner_capabilities(n) for n in runner_names())
+    sim, torch, slime, ray_torch, replay = (runner_capabilities(n) for n in runner_names())
+    assert replay.measured and replay.needs_measurements and not replay.verifiable and sim.verifiable
     assert not sim.measured and sim.engine is None and sim.max_tp is None and not sim.needs_cluster_file
     assert torch.measured and torch.engine == "torch" and (torch.max_tp, torch.max_cp, torch.max_vpp) == (1, 1, 1)
     assert torch.default_workload == TORCH_WORKLOAD and torch.default_search_space == "small"

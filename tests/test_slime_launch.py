@@ -3,6 +3,8 @@ result path on fixture logs (no Ray needed)."""
 
 from __future__ import annotations
 
+import copy
+
 import json
 import shlex
 import subprocess
@@ -17,6 +19,10 @@ from attune.spec.hardware import parse_cluster
 from attune.spec.layout import Layout, Workload
 from attune.spec.flags import from_flags
 from attune.recipe.codec import from_recipe_blocks
+from attune.recipe.codec import to_recipe_block
+from attune.spec.baselines import baseline_layout
+from attune.spec.flags import known_flag
+from attune.spec.placement import batching
 from attune.spec.model import load_model
 from attune.recipe import has_errors, lint, load_recipe, parse_run
 from attune.runners.base import FAILED, OK, OOM, TIMEOUT, TrialResult, TrialSpec
@@ -87,8 +93,17 @@ def cfg_from(tmp_path: Path, **over):
 
 
 # ---------------------------------------------------------------------------- model args
+# flags slime's script passes that do nothing (the flag table's no_effect): the launch leaves them out
+NO_OP_MODEL_ARGS = ("--use-gated-attention",)
+OUR_QWEN27B_MODEL_ARGS = [w for w in QWEN27B_MODEL_ARGS if w not in NO_OP_MODEL_ARGS]
+
+
 def test_model_args_qwen36_27b_are_slimes_model_args():
-    assert model_args(load_model("Qwen3.6-27B")) == QWEN27B_MODEL_ARGS
+    """slime's MODEL_ARGS in slime's order, bar --use-gated-attention (registered by slime's Megatron patch,
+    read by nothing); the gate itself, --attention-output-gate, stays."""
+    a = model_args(load_model("Qwen3.6-27B"))
+    assert a == OUR_QWEN27B_MODEL_ARGS
+    assert "--attention-output-gate" in a and "--use-gated-attention" not in a
 
 
 def test_model_args_tied_qwen35_omits_untie():
@@ -136,7 +151,7 @@ def test_seed_launch_flag_by_flag(seed_cmd):
     assert g["--actor-num-nodes"] == ("1",) and g["--actor-num-gpus-per-node"] == ("8",)
     # model args, in slime's order, right after the placement
     i = seed_cmd.flags.index("--spec")
-    assert seed_cmd.flags[i:i + len(QWEN27B_MODEL_ARGS)] == QWEN27B_MODEL_ARGS
+    assert seed_cmd.flags[i:i + len(OUR_QWEN27B_MODEL_ARGS)] == OUR_QWEN27B_MODEL_ARGS
     # checkpoints (shell variables without a cluster file)
     assert g["--hf-checkpoint"] == ("$HF_CKPT",) and g["--ref-load"] == ("$TORCH_DIST",)
     # workload
@@ -144,7 +159,7 @@ def test_seed_launch_flag_by_flag(seed_cmd):
         "--rollout-function-path": ("attune.slime_rollout.pretokenized_sft_rollout.generate_rollout",),
         "--prompt-data": ("$SFT_DATA",), "--disable-rollout-global-dataset": (),
         "--num-rollout": ("20",), "--rollout-batch-size": ("128",), "--global-batch-size": ("128",),
-        "--loss-type": ("sft_loss",), "--loss-mask-type": ("qwen3_5",), "--calculate-per-token-loss": (),
+        "--loss-type": ("sft_loss",), "--calculate-per-token-loss": (),
         "--disable-compute-advantages-and-returns": (), "--debug-train-only": (),
     }
     # layout (the seed: TP1 PP4 16/.../14, block recompute of 12 layers, dynamic batching at 8,192 tokens)
@@ -163,17 +178,19 @@ def test_seed_launch_flag_by_flag(seed_cmd):
         "--adam-beta2": ("0.98",), "--attention-dropout": ("0.0",), "--hidden-dropout": ("0.0",),
         "--accumulate-allreduce-grads-in-fp32": (), "--attention-softmax-in-fp32": (),
         "--attention-backend": ("flash",), "--distributed-timeout-minutes": ("30",),
-        "--use-tensorboard": (), "--tb-project-name": ("attune",),
-        "--tb-experiment-name": ("attune-tp1-pp4-split16-rb12",),
+        "--use-tensorboard": (),
     })
     for flag, vals in expect.items():
         assert g.get(flag) == vals, f"{flag}: {g.get(flag)} != {vals}"
     # slime sets these itself; Megatron's --tensorboard-dir is not what slime's logger reads
-    for flag in ("--bf16", "--fp16", "--seq-length", "--micro-batch-size", "--colocate", "--tensorboard-dir"):
+    # no-op flags (the flag table's no_effect) are left out: TENSORBOARD_DIR names the TensorBoard folder
+    for flag in ("--bf16", "--fp16", "--seq-length", "--micro-batch-size", "--colocate", "--tensorboard-dir",
+                 "--tb-project-name", "--tb-experiment-name", "--loss-mask-type", "--use-gated-attention"):
         assert flag not in g
+    assert seed_cmd.env["TENSORBOARD_DIR"] == "$PROFILE_DIR/attune-tp1-pp4-split16-rb12/tensorboard"
     # nvlink auto (no cluster file): the node's NVLS switch reaches the training actors
     assert g["--train-env-vars"] == ('{"NCCL_NVLS_ENABLE": "$NCCL_NVLS_ENABLE"}',)
-    model_set = set(QWEN27B_MODEL_ARGS)
+    model_set = set(OUR_QWEN27B_MODEL_ARGS)
     assert set(g) - model_set == set(expect) | {"--actor-num-nodes", "--actor-num-gpus-per-node", "--hf-checkpoint",
                                                  "--ref-load", "--train-env-vars"}
 
@@ -185,8 +202,8 @@ def test_seed_launch_covers_every_flag_of_the_seed_run(seed, seed_cmd):
     ours = parse_run(seed_cmd.to_shell()).flag_dict()
     theirs = parse_run(seed["run"]).flag_dict()
     for flag, value in theirs.items():
-        if flag in ("--rollout-function-path", "--tensorboard-dir", "--input-key", "--metadata-key"):
-            continue
+        if flag in ("--rollout-function-path", "--input-key", "--metadata-key") or known_flag(flag).no_effect:
+            continue  # no-op flags (--tensorboard-dir, --loss-mask-type) are left out of the launch
         assert flag in ours, flag
         if value is not None and not value.startswith("$"):
             assert float(ours[flag]) == float(value) if _is_num(value) else ours[flag] == value, flag
@@ -259,10 +276,11 @@ def test_stack_probe_runs_first(seed_cmd):
 def test_one_flag_per_line(seed_cmd):
     lines = seed_cmd.to_shell().splitlines()
     start = next(i for i, l in enumerate(lines) if l.startswith("python3 train_async.py"))
-    flag_lines = lines[start + 1:]
+    end = next(i for i, l in enumerate(lines) if l.endswith("|| ATTUNE_TRAIN_RC=$?"))
+    flag_lines = lines[start + 1:end + 1]
     assert len(flag_lines) == len(seed_cmd.flag_groups())
     for line in flag_lines:
-        words = shlex.split(line.rstrip("\\"))
+        words = shlex.split(line.rstrip("\\").removesuffix("|| ATTUNE_TRAIN_RC=$?"))
         assert words[0].startswith("--") and all(not w.startswith("--") for w in words[1:])
 
 
@@ -275,6 +293,26 @@ def test_rendered_script_lints_clean(seed, seed_cmd):
     assert not has_errors(findings), [str(f) for f in findings if f.severity == "error"]
     # the seed's own run (python3 -m --async) is the bug this launch fixes
     assert has_errors(lint(seed))
+
+
+@pytest.mark.parametrize("model, gpus", [("Qwen3.6-27B", "8xH200"), ("Qwen3.5-4B", "8xH100"),
+                                         ("Llama-3.1-8B", "8xH100"), ("gpt2", "2xH100")])
+def test_emitted_launch_lints_without_errors_or_no_op_flags(seed, model, gpus):
+    """Every flag of the launch attune emits is in the flag table (an unknown flag is a lint error, since
+    slime silently ignores it) and none is a no-op in this mode (no no_effect warning)."""
+    m, cluster = load_model(model), parse_cluster(gpus)
+    wl = Workload(seq_length=min(1024, m.max_positions or 1024), global_batch=16)
+    layout, _ = baseline_layout(m, cluster, wl, get_engine("slime"))
+    cmd = slime_command(m, cluster, layout, wl)
+    recipe = copy.deepcopy(seed)
+    recipe.update(model=m.name, run=cmd.to_shell(), env={k: str(v) for k, v in cmd.env.items()},
+                  layout=to_recipe_block(layout, m, batching(layout, wl, get_engine("slime"))))
+    recipe["gpu"] = {"type": cluster.type_key, "count": cluster.world_size, "per_node": cluster.gpus_per_node}
+    recipe["workload"] = dict(recipe["workload"], row_tokens=wl.seq_length, global_batch=wl.global_batch)
+    findings = lint(recipe)
+    run_findings = [str(f) for f in findings if f.path == "run" or f.path.startswith("layout")]
+    assert not [f for f in run_findings if f.startswith("error")], run_findings
+    assert not [f for f in findings if "has no effect" in f.message or "unknown flag" in f.message]
 
 
 def test_injection_stays_one_quoted_word(tmp_path, seed):
@@ -325,9 +363,10 @@ def test_script_runs_in_bash_with_hostile_values(tmp_path, seed):
                        timeout=60)
     assert p.returncode == 0, p.stderr
     runs = [json.loads(l[5:]) for l in p.stdout.splitlines() if l.startswith("FAKE ")]
-    assert len(runs) == 2  # the stack probe, then training
-    probe, train = runs
+    assert len(runs) == 3  # the stack probe, training, then slime's TensorBoard scalars into the log
+    probe, train, scalars = runs
     assert probe["argv"] == ["-m", "attune.runners.slime.stack_probe"]
+    assert scalars["argv"] == ["-m", "attune.runners.slime.tbscalars", train["env"]["TENSORBOARD_DIR"]]
     i = train["argv"].index("--train-env-vars")
     assert train["argv"][:i + 1] == c.argv[1:i + 2]  # word for word, up to the one value bash expands
     assert json.loads(train["argv"][i + 1]) == {"NCCL_NVLS_ENABLE": "0"}
@@ -351,7 +390,8 @@ def test_script_without_cluster_file_needs_the_path_variables(tmp_path, seed_cmd
                PROFILE_DIR="/p")
     p = subprocess.run(["bash", str(tmp_path / "launch.sh")], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
-    train = json.loads([l for l in p.stdout.splitlines() if l.startswith("FAKE ")][-1][5:])
+    runs = [json.loads(l[5:]) for l in p.stdout.splitlines() if l.startswith("FAKE ")]
+    train = next(r for r in runs if r["argv"][0] == "train_async.py")
     g = groups(train["argv"][1:])
     assert g["--hf-checkpoint"] == ("/h",) and g["--ref-load"] == ("/t",) and g["--prompt-data"] == ("/s",)
     assert train["env"]["TENSORBOARD_DIR"] == "/p/attune-tp1-pp4-split16-rb12/tensorboard"
@@ -399,7 +439,7 @@ def test_missing_attune_on_the_node_is_not_fatal(tmp_path, seed):
     bindir.mkdir()
     fake = bindir / "python3"
     fake.write_text(f"#!{sys.executable}\nimport json, sys\n"
-                    "if sys.argv[1:3] == ['-m', 'attune.runners.slime.stack_probe']:\n"
+                    "if sys.argv[1] == '-m' and sys.argv[2].startswith('attune.'):\n"
                     "    sys.stderr.write(\"No module named 'attune'\\n\")\n"
                     "    sys.exit(1)\n"
                     "print('FAKE ' + json.dumps(sys.argv[1:]))\n")
@@ -416,6 +456,30 @@ def test_missing_attune_on_the_node_is_not_fatal(tmp_path, seed):
     runs = [json.loads(l[5:]) for l in p.stdout.splitlines() if l.startswith("FAKE ")]
     assert len(runs) == 1 and runs[0][0] == "train_async.py"  # training ran
     assert "No module named 'attune'" in p.stderr and "attune stack probe: not run" in p.stderr
+    assert "TensorBoard scalars not read" in p.stderr  # the scalar dump after training is not fatal either
+
+
+def test_scalars_are_read_after_a_failed_training_and_its_status_kept(tmp_path, seed):
+    """The TensorBoard dump runs after training whatever its outcome, and the script exits with the training's
+    status (so Ray still reports the job FAILED)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "python3"
+    fake.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                    "print('FAKE ' + json.dumps(sys.argv[1:]))\n"
+                    "sys.exit(3 if sys.argv[1] == 'train_async.py' else 0)\n")
+    fake.chmod(0o755)
+    (tmp_path / "slime").mkdir()
+    data = cluster_data(tmp_path, nvlink=0, python=str(fake))
+    data["paths"].update(slime=str(tmp_path / "slime"), output=str(tmp_path / "out"))
+    c = command_for_recipe(seed, parse_cluster_config(data, "c.yaml"))
+    (tmp_path / "launch.sh").write_text(c.to_shell())
+    p = subprocess.run(["bash", str(tmp_path / "launch.sh")], cwd=tmp_path, capture_output=True, text=True,
+                       env={"PATH": f"{bindir}:/usr/bin:/bin"}, timeout=60)
+    runs = [json.loads(l[5:]) for l in p.stdout.splitlines() if l.startswith("FAKE ")]
+    assert [r[:2] for r in runs] == [["-m", "attune.runners.slime.stack_probe"], ["train_async.py", "--actor-num-nodes"],
+                                     ["-m", "attune.runners.slime.tbscalars"]]
+    assert p.returncode == 3
 
 
 def test_launch_says_how_attune_reaches_the_nodes(tmp_path, seed_cmd):
@@ -461,7 +525,7 @@ def test_trial_name_is_quoted_and_sanitised(qwen, seed_layout):
     layout, workload = seed_layout
     c = slime_command(qwen, parse_cluster("8xH200"), layout, workload, trial="my trial; rm -rf /")
     g = groups(c.flags)
-    assert g["--tb-experiment-name"] == ("my-trial-rm--rf",)
+    assert c.env["TENSORBOARD_DIR"] == "$PROFILE_DIR/my-trial-rm--rf/tensorboard"
 
 
 def test_stage_of_rank(seed_layout):
@@ -555,6 +619,20 @@ def test_crash_fixture_is_failed_with_tail():
     assert res.status == FAILED and "ValueError: row 517" in res.reason and "Traceback" in res.log_tail
 
 
+@pytest.mark.parametrize("name, words, stage", [
+    ("nccl_timeout_rank4.log", "NCCL collective timeout on pipeline stage 2 (rank 4) at rollout 5", 2),
+    ("actor_died_rank6.log", "Ray actor died on pipeline stage 3 (rank 6) at rollout 3", 3),
+    ("train_exception_rank6.log", "exception on pipeline stage 3 (rank 6) at rollout 2: RuntimeError", 3),
+    ("crash_rollout_valueerror.log", "exception in RolloutManager at rollout 4: ValueError", None),
+])
+def test_any_actor_crash_is_failed_with_its_kind_and_stage(name, words, stage):
+    """Issue 13: not only CUDA OOMs: NCCL timeouts, dead Ray actors and training-loop exceptions are failed
+    trials with their kind, and the pipeline stage of the rank the log names (TP1 PP4 DP2: rank // 2)."""
+    res = slime_result(outcome((LOGS / name).read_text(), "FAILED"), seed_spec())
+    assert res.status == FAILED and res.oom_stage is None and words in res.reason, res.reason
+    assert res.extra["crash"]["stage"] == stage and res.log_tail
+
+
 def test_timeout_outcome():
     log = (LOGS / "success_20steps.log").read_text().splitlines()
     res = slime_result(outcome("\n".join(log[:60]), "STOPPED", timed_out=True), seed_spec())
@@ -622,3 +700,25 @@ def test_runner_refuses_what_the_launch_refuses(tmp_path):
     assert any("16" in r for r in runner.check(bad))
     with pytest.raises(UserInputError, match="16"):
         runner.run(bad)
+
+
+def test_recipe_records_the_launch_versions_and_throughput_basis():
+    """Emitted recipes: the stack block names the slime / Megatron-LM commits the launch was written for, and
+    result.throughput_basis says what tokens_per_s_per_gpu divides by (a slime trial: actor_train_time, with
+    the step_time throughput beside it)."""
+    from types import SimpleNamespace
+
+    from attune.reporting.recipe import _stack, _throughput_basis
+
+    slime_cfg = SimpleNamespace(runner=SimpleNamespace(name="slime"), engine=get_engine("slime"))
+    s = _stack(slime_cfg, measured=True)
+    assert s["slime"].startswith("624b824a ") and s["megatron_lm"].startswith("1dcf0daf ")
+    assert "slime" not in _stack(SimpleNamespace(runner=SimpleNamespace(name="torch"), engine=get_engine("torch")), True)
+    res = slime_result(outcome((LOGS / "success_20steps.log").read_text()), seed_spec())
+    best = SimpleNamespace(extra=res.extra)
+    tp = _throughput_basis(slime_cfg, best, measured=True)
+    assert tp["throughput_basis"] == "actor_train_time"
+    assert tp["tokens_per_s_per_gpu_step_time"] == round(res.extra["throughput"]["tokens_per_s_per_gpu_step_time"], 2)
+    assert tp["tokens_per_s_per_gpu_step_time"] < res.tokens_per_s_per_gpu
+    assert _throughput_basis(slime_cfg, best, measured=False) == {"throughput_basis": "predicted"}
+    assert _throughput_basis(slime_cfg, SimpleNamespace(extra={}), measured=True) == {"throughput_basis": "step"}

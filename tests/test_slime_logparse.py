@@ -362,3 +362,57 @@ def test_stack_probe_cli():
     out = subprocess.run([sys.executable, "-m", "attune.runners.slime.stack_probe", "--stack"],
                          capture_output=True, text=True, timeout=120, check=True)
     assert "source" in json.loads(out.stdout)
+
+
+# ---------------------------------------------------------------------------- issue 13: any actor's crash
+@pytest.mark.parametrize("name, kind, rank, rollout, error", [
+    ("nccl_timeout_rank4.log", "nccl_timeout", 4, 5, "Watchdog caught collective operation timeout"),
+    ("actor_died_rank6.log", "actor_died", 6, 3, "ActorDiedError: The actor died unexpectedly"),
+    ("train_exception_rank6.log", "exception", 6, 2, "RuntimeError: torch.cat()"),
+    ("crash_rollout_valueerror.log", "exception", None, 4, "ValueError: row 517"),
+])
+def test_crash_kind_rank_and_rollout(name, kind, rank, rollout, error):
+    """NCCL watchdog timeouts, dead Ray actors and exceptions in the training loop are crashes of their own
+    kind; the rank comes from the line's [rankN] marker or from the rank the dead actor's pid printed."""
+    run = parse_slime_log(_read(name), gpus=8)
+    c = run.crash
+    assert c is not None and c.kind == kind and c.rank == rank and c.rollout_id == rollout
+    assert error in c.error and not c.error.startswith("[E1018")  # c10's glog stamp is dropped
+    assert run.oom is None and not run.complete
+    assert f"crash: {kind}" in format_summary(run)
+
+
+def test_dead_actor_is_the_one_ray_names_not_the_driver():
+    c = parse_slime_log(_read("actor_died_rank6.log"), gpus=8).crash
+    assert c.actor == "MegatronTrainRayActor" and c.pid == 48217  # Ray's "\tpid: 48217" detail line
+
+
+def test_nccl_timeout_without_a_failed_status_is_still_a_crash():
+    text = "\n".join(l for l in _read("nccl_timeout_rank4.log").splitlines()
+                     if "Traceback" not in l and "failed" not in l and "ray.exceptions" not in l)
+    c = parse_slime_log(text, gpus=8).crash
+    assert c is not None and c.kind == "nccl_timeout"
+
+
+def test_host_memory_kill_is_its_own_kind():
+    text = _read("success_20steps.log").replace("Job 'raysubmit_tX3mQ9a1bR2cD4eF' succeeded", "") + (
+        "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.\n"
+        "Memory on the node (IP: 10.0.12.7, ID: 4f1e) where the task (actor ID: 7c2b, name=MegatronTrainRayActor."
+        "__init__, pid=48217) was running was 1900.12GB / 2000.00GB (0.95006), which exceeds the memory usage "
+        "threshold of 0.95.\n")
+    c = parse_slime_log(text, gpus=8).crash
+    assert c.kind == "host_oom" and c.rank == 6 and c.rollout_id == 20  # pid 48217 printed [rank6] earlier
+
+
+def test_a_succeeded_job_has_no_crash_even_with_an_nccl_warning():
+    text = _read("success_20steps.log").replace(
+        "actor.py:131 - training finished", "actor.py:131 - NCCL error in: x.cpp:1, handled and retried")
+    assert parse_slime_log(text, gpus=8).crash is None
+
+
+def test_both_throughputs_are_named(ok):
+    step = [t + 0.63 for t in TIMES]  # perf/step_time = train_wait 0.61 + train (actor_train + 0.02) in the fixture
+    assert ok.tokens_per_s_per_gpu_step_time == pytest.approx(15 * TOKENS_PER_STEP / sum(step[5:20]) / 8)
+    assert ok.throughput_basis == "actor_train_time" and ok.to_dict()["throughput_basis"] == "actor_train_time"
+    s = format_summary(ok)
+    assert "tokens/s/GPU over actor_train_time" in s and "tokens/s/GPU over step_time" in s

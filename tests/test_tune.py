@@ -9,6 +9,7 @@ import sys
 import time
 from dataclasses import replace
 from importlib import resources
+from pathlib import Path
 
 import optuna
 import pytest
@@ -23,8 +24,9 @@ from attune.search.tuner import Tuner
 from attune.spec.layout import Workload
 from attune.spec.placement import stage_layer_counts
 
-# a small, fast sim study: 8 proposals per measured trial
-FAST = dict(model="Qwen3.6-27B", gpus="8xH200", candidates=8)
+# a small, fast sim study over a cut of the dense space (a few thousand layouts)
+SMALL = str(Path(__file__).parent / "fixtures" / "spaces" / "dense_small.yaml")
+FAST = dict(model="Qwen3.6-27B", gpus="8xH200", candidates=8, search_space=SMALL)
 
 
 def _study(out):
@@ -143,41 +145,47 @@ def test_trials_csv_from_trials_dataframe(tmp_path):
 def test_tune_sim_end_to_end_and_resume(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # nothing may land outside --out (recipes/ included)
     out = tmp_path / "run"
-    res = tune(**FAST, trials=2, out=out)
+    res = tune(**FAST, trials=1, out=out)
     s = _study(out)
     measured = [r for r in records(s) if r.is_measured]
     assert measured[0].role == "baseline" and measured[0].label.startswith("TP4 SP PP2 34/30")
-    assert len(_measured_complete(s)) == 2
-    assert res.outcome.best.label == "TP1 PP4 16/14 DP2 Rb12 mt8192"  # the seed recipe's winner
-    # predicted OOMs never reach the runner: they are infeasible pruned trials with the overflowing stage
-    ooms = [t for t in s.trials if TrialRecord.from_trial(t).kind == "oom-predicted"]
-    assert ooms and all(t.state == optuna.trial.TrialState.PRUNED and max(t.constraints.values()) > 0 for t in ooms)
-    assert all("stage" in TrialRecord.from_trial(t).reason for t in ooms)
+    assert len(s.trials) == len(measured) == 1  # trials are measured runs only
+    assert res.outcome.stop_kind == "trials"
+    # rerunning resumes: the sampler's first pick is the model's optimum; the sim runner is exact, so the stop
+    # rule ends the study right after it
+    res = tune(**FAST, trials=5, out=out)
+    s = _study(out)
+    assert len(_measured_complete(s)) == 2 and len([r for r in records(s) if r.role == "baseline"]) == 1
+    assert res.outcome.stop_kind == "rule" and res.outcome.best.number == 1
+    assert res.outcome.best.value > measured[0].value
+    best = records(s)[1]
+    assert best.predicted_tokens_per_s_per_gpu == pytest.approx(best.value, rel=1e-3)  # the prediction stays
     # outputs
     r = load_recipe(out / "recipe.yaml")
     assert schema_errors(r) == [] and not [f for f in lint(r) if f.severity == "error"] and not res.lint_errors
-    assert r["status"] == "predicted" and r["result"]["tokens_per_s_per_gpu"] > 948
+    assert r["status"] == "predicted" and r["result"]["tokens_per_s_per_gpu"] > measured[0].value
     assert "train_async.py" in r["run"] and "Gain over the baseline" in r["notes"]
     for png in ("best_so_far.png", "memory_by_stage.png", "candidates.png", "winner_vs_baseline.png"):
         assert (out / png).stat().st_size > 1000
     rows = list(csv.DictReader((out / "trials.csv").open()))
     assert len(rows) == len(s.trials) and list(rows[0]) == CSV_FIELDS
     report = (out / "report.md").read_text()
-    assert "predicted out of memory" in report and "Gain" in report
+    assert "Stopped by rule" in report and "Gain" in report and "Top 10 predicted layouts" in report
     assert res.saved_recipe is None and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
-    assert any(line.startswith("winner: TP1 PP4 16/14") for line in res.summary_lines())
-    # rerunning resumes up to the new target instead of starting over
-    n_before = len(s.trials)
-    tune(**FAST, trials=3, out=out, save_recipe=True, recipes_root=tmp_path / "checkout")
-    s = _study(out)
-    assert len(_measured_complete(s)) == 3
-    assert len([r for r in records(s) if r.role == "baseline"]) == 1
+    assert any(line.startswith(f"winner: {best.label}") for line in res.summary_lines())
     n_after = len(s.trials)
-    assert n_after > n_before
+    tune(**FAST, trials=5, out=out, save_recipe=True, recipes_root=tmp_path / "checkout")
+    assert len(_study(out).trials) == n_after  # the stop rule still holds: nothing new
     assert list((tmp_path / "checkout" / "recipes" / "qwen3.6-27b" / "h200").glob("attune-*.yaml"))
-    tune(**FAST, trials=3, out=out)
-    assert len(_study(out).trials) == n_after  # target reached: nothing new
-    assert study_counts(_study(out)).measured_ok == 3
+    assert study_counts(_study(out)).measured_ok == 2
+
+
+def test_tpe_sampler_still_available(tmp_path):
+    res = tune(**{**FAST, "candidates": 16}, trials=3, out=tmp_path / "tpe", sampler="tpe")
+    s = res.outcome.study
+    assert len(_measured_complete(s)) == 3 and res.outcome.stop_kind == "trials"
+    # TPE learns from its rejected proposals: they stay PRUNED trials with the reason
+    assert all(r.kind is not None for r in records(s) if not r.is_measured)
 
 
 def test_default_out_dir_is_under_the_working_directory(tmp_path, monkeypatch):
@@ -214,10 +222,10 @@ def test_stale_trials_failed_by_heartbeat(tmp_path):
     assert len(failed) == 2 and all(r.reason == INTERRUPTED for r in failed)
 
 
-# 2 proposals per measured trial keep each slot about a second long
+# plain TPE (no stop rule on the exact sim runner) over the small space, up to 16 proposals per measured trial
 _KILLABLE = ("from attune.api.tune import tune; "
-             "tune(model='Qwen3.6-27B', gpus='8xH200', candidates=2, trials={trials}, out={out!r}, "
-             "heartbeat_interval_s=1, grace_period_s=2)")
+             "tune(model='Qwen3.6-27B', gpus='8xH200', candidates=16, trials={trials}, out={out!r}, "
+             "sampler='tpe', search_space=" + repr(SMALL) + ", heartbeat_interval_s=1, grace_period_s=2)")
 
 
 def test_study_survives_kill(tmp_path):
@@ -258,11 +266,11 @@ def test_journal_storage_and_study_mismatch(tmp_path, capsys):
     out = tmp_path / "j"
     journal = tmp_path / "shared.journal"
     assert main(["tune", "--model", "Qwen3.6-27B", "--gpus", "8xH200", "--out", str(out), "--candidates", "8",
-                 "--trials", "2", "--storage", str(journal), "--study-name", "shared"]) == 0
+                 "--trials", "2", "--storage", str(journal), "--study-name", "shared", "--search-space", SMALL]) == 0
     assert journal.stat().st_size > 0
     # the same study name for another model is refused, naming what differs
     rc = main(["tune", "--model", "Llama-3.1-8B", "--gpus", "8xH200", "--out", str(out),
-               "--trials", "2", "--storage", str(journal), "--study-name", "shared"])
+               "--trials", "2", "--storage", str(journal), "--study-name", "shared", "--search-space", SMALL])
     assert rc == 2 and "created for model='Qwen3.6-27B'" in capsys.readouterr().err
 
 

@@ -71,7 +71,9 @@ def tune_config(*, model: str, gpus: str, runner: str = "sim", trial_kind: str =
                 seed: int = 0, storage: str | None = None, study_name: str | None = None,
                 out: str | Path | None = None, slack: float = 0.8, timeout_s: float | None = None,
                 cluster_file: str | None = None, data: str | None = None, memory_headroom: float = 0.02,
-                heartbeat_interval_s: int | None = None, grace_period_s: int | None = None) -> TuneConfig:
+                heartbeat_interval_s: int | None = None, grace_period_s: int | None = None,
+                sampler: str = "model", recalibrate: bool = True, min_gain: float = 0.01, p_stop: float = 0.05,
+                budget_gpu_hours: float | None = None, measurements: str | Path | None = None) -> TuneConfig:
     """The session's configuration from typed arguments (the CLI's options, one to one). The runner's declared
     capabilities decide the engine, workload, search space, trial counts and baseline limits it needs."""
     name = runner_name_for(runner, trial_kind)
@@ -91,6 +93,10 @@ def tune_config(*, model: str, gpus: str, runner: str = "sim", trial_kind: str =
             raise StudyError(f"the {runner} runner needs --cluster cluster.yaml (format: docs/cluster.md)")
         # the study name goes into every Ray submission id, so a resubmission finds this study's job only
         opts.update(cluster_file=cluster_file, study=study_name or f"{m.name}-{cluster.spec}-{space.name}-seed{seed}")
+    if caps.needs_measurements:
+        if not measurements:
+            raise StudyError(f"the {runner} runner needs --measurements FILE (a CSV or YAML table; see the README)")
+        opts.update(measurements=measurements, model=m, world_size=cluster.world_size)
     run = get_runner(name, **opts)
     base, note = baseline_layout(m, cluster, wl, eng, **caps.baseline_limits())
     out_dir = Path(out) if out else default_out_dir(m.name, cluster.spec)
@@ -102,7 +108,9 @@ def tune_config(*, model: str, gpus: str, runner: str = "sim", trial_kind: str =
                       candidates=candidates or caps.default_candidates, slack=slack, seed=seed,
                       storage=storage or f"sqlite:///{(out_dir / 'study.db').resolve()}",
                       study_name=study_name or f"{m.name}-{cluster.spec}-{runner}-{eng.name}-{space.name}",
-                      out_dir=out_dir, timeout_s=timeout_s, headroom=memory_headroom, data_path=data, **extra)
+                      out_dir=out_dir, timeout_s=timeout_s, headroom=memory_headroom, data_path=data,
+                      sampler=sampler, recalibrate=recalibrate, min_gain=min_gain, p_stop=p_stop,
+                      budget_gpu_hours=budget_gpu_hours, **extra)
 
 
 @dataclass(kw_only=True)
@@ -140,6 +148,11 @@ class TuneResult:
         if base is not None and base.value:
             lines.append(f"baseline: {base.label}: {base.value:,.1f} tokens/s/GPU; "
                          f"gain {100 * (best.value / base.value - 1):+.1f}% ({kind})")
+        o = self.outcome
+        if o.stopped:
+            regret = "" if o.remaining_regret is None else \
+                f"; estimated remaining regret {100 * o.remaining_regret:.2f}%"
+            lines.append(f"stopped by {o.stop_kind}: {o.stopped}{regret}")
         copy = f" (copied to {self.saved_recipe})" if self.saved_recipe else ""
         lines.append(f"recipe: {self.recipe_path}{copy}; report: {self.report_path}; "
                      f"wall time {self.outcome.wall_s:.1f} s")
@@ -180,7 +193,7 @@ def run_tuning(cfg: TuneConfig, *, verify: bool = True, save_recipe: bool = Fals
     rp = cfg.out_dir / "recipe.yaml"
     write_recipe(recipe, rp)
     verdict = None
-    if cfg.runner.capabilities.measured and verify:
+    if cfg.runner.capabilities.measured and cfg.runner.capabilities.verifiable and verify:
         if progress:
             progress("verifying the winner against the baseline layout (convergence + component tests)")
         recipe, verdict = verify_winner(cfg, recipe, progress)
@@ -215,7 +228,10 @@ def config_from_args(args) -> TuneConfig:
                        search_space=args.search_space, seed=args.seed, storage=args.storage,
                        study_name=args.study_name, out=args.out, slack=args.slack, timeout_s=args.timeout,
                        cluster_file=args.cluster, data=getattr(args, "data", None),
-                       memory_headroom=args.memory_headroom)
+                       memory_headroom=args.memory_headroom, sampler=getattr(args, "sampler", "model"),
+                       recalibrate=not getattr(args, "no_recalibrate", False), min_gain=getattr(args, "min_gain", 0.01),
+                       p_stop=getattr(args, "p_stop", 0.05), budget_gpu_hours=getattr(args, "budget_gpu_hours", None),
+                       measurements=getattr(args, "measurements", None))
 
 
 def tune_from_args(args, progress: Progress | None = None) -> TuneResult:

@@ -1,107 +1,317 @@
-"""Fitting the estimator's coefficients to measurements (the seed recipe's observations).
+"""The global fit of the estimator's coefficients to the corpus and the seed, and the data file it writes.
 
-Nothing in the estimator imports this module; ``benchmarks/calibrate.py`` and the tests do.
+What moves: every ``Coefficients`` field whose metadata gives ``bounds`` (one value per GPU generation
+present in the data where the metadata says ``per_generation``, else one shared value). What it minimises
+(``scipy.optimize.least_squares``, bounded, trust-region reflective):
+
+* log(predicted / measured) throughput, each row weighted 1 / (throughput rows of its series), so every
+  series counts once however many near-duplicate rows its releases repeat; the seed is one series;
+* log(predicted / measured) memory components and peaks, weighted the same way within their series;
+* the memory verdicts as hinge penalties (``VERDICT_WEIGHT``): a layout that ran must be predicted to fit
+  with the tuner's default headroom, one that ran out of memory must be predicted over capacity on the
+  stage that overflowed;
+* a weak prior (``PRIOR_WEIGHT``) towards the starting values (the fields' source values), scaled by each field's bounds, so a
+  coefficient the data cannot see (a generation with one row) stays where its source puts it.
+
+Nothing in the estimator imports this module.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import dataclasses
+import datetime as _dt
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from attune.estimator.coefficients import DEFAULT, Coefficients
-from attune.estimator.memory import estimate_memory
-from attune.estimator.performance import estimate_performance
-from attune.spec.engine import get_engine
-from attune.spec.flags import from_flags
-from attune.spec.hardware import parse_cluster
-from attune.spec.layout import Workload
-from attune.spec.model import load_model
+import numpy as np
+import yaml
+from scipy.optimize import least_squares
 
+import attune
+from attune.calibrate.report import Prediction, SeriesScore, predict_row, scores
+from attune.calibrate.rows import Corpus, CorpusRow
+from attune.errors import AttuneError
+from attune.estimator.coefficients import BY_GENERATION, DEFAULT, Coefficients
 
-# The measurements the coefficients are fitted to: the seed recipe (8 x H200, Qwen3.6-27B, slime,
-# 8,192-token rows, global batch 128; shared/seeds/attune-tp1-pp4-split16-rb12.yaml). Layouts as the
-# Megatron/slime flags that ran.
-_SEED = dict(model="Qwen3.6-27B", gpus="8xH200", engine="slime", seq_length=8192, global_batch=128)
-_TUNED = ("--tensor-model-parallel-size 1 --pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 16 "
-          "--decoder-last-pipeline-num-layers 14 --recompute-granularity full --recompute-method block "
-          "--use-dynamic-batch-size --max-tokens-per-gpu 8192 --use-distributed-optimizer --use-precision-aware-optimizer")
-_SLIME = ("--tensor-model-parallel-size 4 --sequence-parallel --pipeline-model-parallel-size 2 "
-          "--decoder-last-pipeline-num-layers 30 --recompute-granularity full --recompute-method uniform "
-          "--recompute-num-layers 1 --use-dynamic-batch-size --max-tokens-per-gpu 8192 --use-distributed-optimizer "
-          "--use-precision-aware-optimizer --optimizer-cpu-offload --overlap-cpu-optimizer-d2h-h2d")
-_PP2 = ("--tensor-model-parallel-size 1 --pipeline-model-parallel-size 2 --recompute-granularity full "
-        "--recompute-method uniform --recompute-num-layers 1 --use-dynamic-batch-size --max-tokens-per-gpu 8192 "
-        "--use-distributed-optimizer --use-precision-aware-optimizer")
-OBSERVATIONS = [
-    dict(_SEED, what="tuned layout, measured 2026-10-18", flags=_TUNED + " --recompute-num-layers 12",
-         tokens_per_s_per_gpu=2499.52, fits=True),
-    dict(_SEED, what="slime's layout, measured", flags=_SLIME, tokens_per_s_per_gpu=948.7, fits=True),
-    dict(_SEED, what="block recompute of 10: OOM on stage 0", flags=_TUNED + " --recompute-num-layers 10",
-         fits=False, stage=0),
-    dict(_SEED, what="TP1 PP2: OOM on the last stage", flags=_PP2, fits=False, stage=1),
-]
+GENERATIONS = ("ampere", "hopper", "blackwell")
+"""GPU generations that may get their own value of a ``per_generation`` coefficient."""
+
+VERDICT_WEIGHT = 100.0
+"""Weight of one violated memory verdict (squared log-ratio units): a 1% miss costs as much as a whole
+series 10% off in throughput, so the fit never trades a verdict for speed accuracy."""
+
+VERDICT_HEADROOM = 0.02
+"""A layout that ran must be predicted to fit with this fraction of memory free: the tuner's default
+``--memory-headroom`` (attune/api/tune.py), or the tuner would never try it."""
+
+PRIOR_WEIGHT = 1e-3
+"""Weight of the pull towards the starting value, per coefficient, in units of (change / bound width)^2."""
 
 
-def _evaluate(obs: dict, coef: "Coefficients"):
-
-    model, cluster, engine = load_model(obs["model"]), parse_cluster(obs["gpus"]), get_engine(obs["engine"])
-    wl = Workload(seq_length=obs["seq_length"], global_batch=obs["global_batch"])
-    layout = from_flags(obs["flags"], model, cluster.world_size, wl).layout
-    return (estimate_memory(model, cluster, layout, wl, engine, coef),
-            estimate_performance(model, cluster, layout, wl, engine, coef))
+class FitError(AttuneError):
+    """The corpus gives the fit nothing to fit (exit code 1)."""
 
 
-def _bisect(f, lo: float, hi: float, iters: int = 40) -> float:
-    """Root of a monotone f on [lo, hi] (clamped to the bounds)."""
-    flo = f(lo)
-    if flo * f(hi) > 0:
-        return lo if abs(flo) < abs(f(hi)) else hi
-    for _ in range(iters):
-        mid = 0.5 * (lo + hi)
-        if (f(mid) > 0) == (flo > 0):
-            lo, flo = mid, f(mid)
+@dataclass(frozen=True, kw_only=True)
+class FitParam:
+    """One free value of the fit."""
+
+    name: str
+    """The ``Coefficients`` field."""
+    generation: str | None
+    """The GPU generation it applies to (None: shared by all)."""
+    lo: float
+    """Lower bound (the field's metadata)."""
+    hi: float
+    """Upper bound."""
+    start: float
+    """Value before the fit (clipped into the bounds)."""
+    unit: str = ""
+    """The field's unit."""
+
+    def __post_init__(self) -> None:
+        if not self.lo < self.hi:
+            raise ValueError(f"{self.name}: bounds ({self.lo}, {self.hi}) must have lo < hi")
+        if not self.lo <= self.start <= self.hi:
+            raise ValueError(f"{self.name}: start {self.start} outside its bounds ({self.lo}, {self.hi})")
+
+    @property
+    def key(self) -> str:
+        return self.name if self.generation is None else f"{self.name}[{self.generation}]"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CoefficientSet:
+    """Coefficients shared by all GPUs and per generation: what the data file holds."""
+
+    shared: Coefficients
+    """For GPUs of a generation without its own set (and CPU workers)."""
+    by_generation: dict[str, Coefficients] = field(default_factory=dict)
+    """Per GPU generation."""
+
+    def for_row(self, row: CorpusRow) -> Coefficients:
+        return self.by_generation.get(row.generation, self.shared)
+
+
+def current() -> CoefficientSet:
+    """The coefficients the package ships (field defaults overridden by coefficients.yaml)."""
+    return CoefficientSet(shared=DEFAULT, by_generation=dict(BY_GENERATION))
+
+
+def source_values() -> CoefficientSet:
+    """The field defaults, each from its source: where a fit starts and what its prior pulls towards, so a
+    refit does not depend on the previous one."""
+    return CoefficientSet(shared=Coefficients())
+
+
+def fit_params(corpus: Corpus, start: CoefficientSet | None = None) -> list[FitParam]:
+    """The free values: fields with ``bounds``, per generation present in the corpus where ``per_generation``."""
+    start = start or source_values()
+    gens = [g for g in GENERATIONS if any(r.generation == g for r in corpus.expressed)]
+    out = []
+    for f in dataclasses.fields(Coefficients):
+        b = f.metadata.get("bounds")
+        if not b:
+            continue
+        lo, hi = float(b[0]), float(b[1])
+        unit = str(f.metadata.get("unit", ""))
+        if f.metadata.get("per_generation"):
+            for g in gens:
+                v = getattr(start.by_generation.get(g, start.shared), f.name)
+                out.append(FitParam(name=f.name, generation=g, lo=lo, hi=hi, start=min(max(v, lo), hi), unit=unit))
         else:
-            hi = mid
-    return 0.5 * (lo + hi)
+            v = getattr(start.shared, f.name)
+            out.append(FitParam(name=f.name, generation=None, lo=lo, hi=hi, start=min(max(v, lo), hi), unit=unit))
+    return out
 
 
-def fit(coef: "Coefficients | None" = None, observations: list[dict] | None = None) -> tuple["Coefficients", list[dict]]:
-    """Fit the four fitted coefficients to the observations; returns them and a per-observation report.
+def apply(x: Sequence[float], params: Sequence[FitParam], start: CoefficientSet) -> CoefficientSet:
+    """The coefficient set with the free values x."""
+    shared = dataclasses.replace(start.shared, **{p.name: float(v) for p, v in zip(params, x) if p.generation is None})
+    gens = {p.generation for p in params if p.generation is not None} | set(start.by_generation)
+    per_gen_names = {f.name for f in dataclasses.fields(Coefficients) if f.metadata.get("per_generation")}
+    by_gen = {}
+    for g in sorted(gens):
+        base = start.by_generation.get(g, start.shared)
+        # shared fields follow the new shared values; per-generation ones keep the generation's own
+        keep = {n: getattr(base, n) for n in per_gen_names}
+        vals = {p.name: float(v) for p, v in zip(params, x) if p.generation == g}
+        by_gen[g] = dataclasses.replace(shared, **{**keep, **vals})
+    return CoefficientSet(shared=shared, by_generation=by_gen)
 
-    Throughput: gemm_efficiency to the layouts without CPU offload, host_optimizer_efficiency to those with it
-    (alternating, both monotone). Memory: activation_factor and fixed_overhead_gib on a grid, maximising the
-    smallest relative margin of the fit / out-of-memory verdicts.
-    """
-    coef = coef or DEFAULT
-    obs = observations or OBSERVATIONS
-    speed = [o for o in obs if "tokens_per_s_per_gpu" in o]
-    plain = [o for o in speed if "--optimizer-cpu-offload" not in o["flags"]]
-    offl = [o for o in speed if "--optimizer-cpu-offload" in o["flags"]]
 
-    def err(os_, c):
-        return sum(_evaluate(o, c)[1].tokens_per_s_per_gpu / o["tokens_per_s_per_gpu"] - 1 for o in os_) / len(os_)
+# ---------------------------------------------------------------------- residuals
+def _weights(rows: Sequence[CorpusRow]) -> dict[tuple[str, str], float]:
+    """Weight of one observation of each kind per series: 1 / (observations of that kind in the series)."""
+    count: dict[tuple[str, str], int] = {}
+    for r in rows:
+        if r.has_throughput:
+            count[(r.series, "tps")] = count.get((r.series, "tps"), 0) + 1
+        if r.memory:
+            n = (len(r.memory.components_gib) + (r.memory.peak_reserved_gib is not None)
+                 + (r.memory.peak_allocated_gib is not None))
+            if n:
+                count[(r.series, "mem")] = count.get((r.series, "mem"), 0) + n
+    return {k: 1.0 / v for k, v in count.items()}
 
-    for _ in range(3):
-        if plain:
-            coef = replace(coef, gemm_efficiency=_bisect(lambda x: err(plain, replace(coef, gemm_efficiency=x)), 0.2, 1.0))
-        if offl:
-            coef = replace(coef, host_optimizer_efficiency=_bisect(
-                lambda x: err(offl, replace(coef, host_optimizer_efficiency=x)), 0.005, 1.0))
-    verdicts = [o for o in obs if "fits" in o]
-    best, best_margin = coef, -1e9
-    for a in [1.0 + 0.05 * i for i in range(13)]:
-        for ovh in [1.5 + 0.5 * j for j in range(10)]:
-            c = replace(coef, activation_factor=round(a, 2), fixed_overhead_gib=ovh)
-            margin = min((1 if o["fits"] else -1) * (1 - _evaluate(o, c)[0].peak_gib / _evaluate(o, c)[0].capacity_gib)
-                         for o in verdicts)
-            if margin > best_margin + 1e-9:
-                best, best_margin = c, margin
-    coef = best
-    report = []
-    for o in obs:
-        mem, perf = _evaluate(o, coef)
-        report.append({"what": o["what"], "predicted_tokens_per_s_per_gpu": round(perf.tokens_per_s_per_gpu, 1),
-                       "measured_tokens_per_s_per_gpu": o.get("tokens_per_s_per_gpu"),
-                       "fits": mem.fits, "observed_fits": o.get("fits"), "peak_gib": round(mem.peak_gib, 1),
-                       "peak_stage": mem.peak_stage})
-    return coef, report
 
+def _log_ratio(pred: float, meas: float) -> float:
+    return math.log(max(pred, 1e-12) / meas)
+
+
+def row_residuals(p: Prediction, w: dict[tuple[str, str], float]) -> list[float]:
+    """Weighted residuals of one prediction (fixed length per row, whatever the values)."""
+    r, mem = p.row, p.row.memory
+    out = []
+    failed = p.failure is not None
+    if r.has_throughput:
+        out.append(0.0 if failed else math.sqrt(w[(r.series, "tps")]) * _log_ratio(p.tokens_per_s_per_gpu,
+                                                                                     r.tokens_per_s_per_gpu))
+    if mem:
+        wm = math.sqrt(w.get((r.series, "mem"), 0.0))
+        for k, v in mem.components_gib.items():
+            out.append(0.0 if failed or k not in p.components_gib else wm * _log_ratio(p.components_gib[k], v))
+        for kind, meas_peak in (("reserved", mem.peak_reserved_gib), ("allocated", mem.peak_allocated_gib)):
+            if meas_peak is not None:
+                pred = None if failed else (p.reserved_gib if kind == "reserved" else p.allocated_gib)
+                out.append(0.0 if pred is None else wm * _log_ratio(pred, meas_peak))
+        if mem.fits is not None:
+            hinge = 0.0
+            if not failed:
+                if mem.fits:
+                    hinge = max(0.0, _log_ratio(p.peak_gib, p.capacity_gib * (1 - VERDICT_HEADROOM)))
+                else:
+                    hinge = max(0.0, _log_ratio(p.capacity_gib, p.peak_gib))
+            out.append(math.sqrt(VERDICT_WEIGHT) * hinge)
+    return out
+
+
+# ---------------------------------------------------------------------- the fit
+@dataclass(frozen=True, kw_only=True)
+class FitResult:
+    """What the fit moved, where to, and how well the result predicts what it was fitted to."""
+
+    params: tuple[FitParam, ...]
+    """The free values, with their bounds and starting values."""
+    values: tuple[float, ...]
+    """The fitted values, in the order of ``params``."""
+    coefficients: CoefficientSet
+    """The fitted coefficients."""
+    rows: tuple[str, ...]
+    """Ids of the rows fitted to."""
+    series: tuple[str, ...]
+    """Series fitted to."""
+    scores: tuple[SeriesScore, ...]
+    """Per-series scores of the fitted coefficients on the rows fitted to."""
+    cost: float
+    """Half the sum of squared weighted residuals at the optimum."""
+    start_cost: float
+    """The same at the starting values."""
+    message: str
+    """The optimiser's status message."""
+    evaluations: int
+    """Residual evaluations."""
+
+    def changes(self) -> list[tuple[FitParam, float, float]]:
+        """(param, fitted value, relative change from the start), largest change first."""
+        out = [(p, v, v / p.start - 1 if p.start else math.inf) for p, v in zip(self.params, self.values)]
+        return sorted(out, key=lambda t: -abs(t[2]))
+
+
+def fit(corpus: Corpus, start: CoefficientSet | None = None, params: Sequence[FitParam] | None = None,
+        max_evaluations: int = 400) -> FitResult:
+    """Fit the bounded coefficients to every expressed row of ``corpus`` (the seed included when present),
+    starting from ``start`` (default: the fields' source values)."""
+    start = start or source_values()
+    rows = [r for r in corpus.expressed if r.has_throughput or (r.memory is not None)]
+    if not rows:
+        raise FitError(f"corpus {corpus.directory}: no expressed row with a throughput or a memory observation")
+    params = list(params) if params is not None else fit_params(corpus, start)
+    if not params:
+        raise FitError("no coefficient declares bounds in its metadata: nothing to fit")
+    w = _weights(rows)
+    x0 = np.array([p.start for p in params])
+    lo = np.array([p.lo for p in params])
+    hi = np.array([p.hi for p in params])
+    width = hi - lo
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        cs = apply(x, params, start)
+        res: list[float] = []
+        for r in rows:
+            res.extend(row_residuals(predict_row(r, cs.for_row(r)), w))
+        res.extend(math.sqrt(PRIOR_WEIGHT) * (x - x0) / width)
+        return np.asarray(res)
+
+    r0 = residuals(x0)
+    # tight tolerances: the default ftol (1e-8) stops after a dozen evaluations on this flat, hinge-penalised
+    # cost and left single-series coefficients (GDN, host optimizer) short of their optimum
+    sol = least_squares(residuals, x0, bounds=(lo, hi), method="trf", x_scale=width, diff_step=1e-4,
+                        ftol=1e-12, xtol=1e-10, gtol=1e-12, max_nfev=max_evaluations)
+    cs = apply(sol.x, params, start)
+    preds = [predict_row(r, cs.for_row(r)) for r in rows]
+    return FitResult(
+        params=tuple(params), values=tuple(float(v) for v in sol.x), coefficients=cs,
+        rows=tuple(r.id for r in rows), series=tuple(dict.fromkeys(r.series for r in rows)),
+        scores=tuple(scores(preds)), cost=float(sol.cost), start_cost=0.5 * float(r0 @ r0),
+        message=str(sol.message), evaluations=int(sol.nfev),
+    )
+
+
+def leave_one_series_out(corpus: Corpus, series: str, start: CoefficientSet | None = None
+                         ) -> tuple[FitResult, list[Prediction]]:
+    """Fit without ``series``, then predict its rows with the fitted coefficients."""
+    held = [r for r in corpus.expressed if r.series == series]
+    if not held:
+        raise FitError(f"series '{series}' has no expressed row in {corpus.directory}")
+    res = fit(corpus.without_series(series), start)
+    return res, [predict_row(r, res.coefficients.for_row(r)) for r in held]
+
+
+# ---------------------------------------------------------------------- the data file
+def _round(v: float) -> float:
+    return float(f"{v:.5g}")
+
+
+def to_data(result: FitResult, corpus_dir: str, today: _dt.date | None = None) -> dict:
+    """The coefficient data file's content: fitted values, what they were fitted to, residuals per series."""
+    cs = result.coefficients
+    shared_names = [p.name for p in result.params if p.generation is None]
+    gens = sorted({p.generation for p in result.params if p.generation is not None})
+    pct = lambda v: None if v is None else round(100 * v, 2)  # noqa: E731
+    return {
+        "fitted": {
+            "by": "attune calibrate --fit",
+            "date": (today or _dt.datetime.now(_dt.timezone.utc).date()).isoformat(),
+            "attune_version": attune.__version__,
+            "corpus": corpus_dir,
+            "method": ("scipy.optimize.least_squares (trf, bounded) on log throughput / memory residuals, each series "
+                       f"weight 1; memory verdicts as hinge penalties (weight {VERDICT_WEIGHT:g}, headroom "
+                       f"{VERDICT_HEADROOM:g}); prior weight {PRIOR_WEIGHT:g} towards the fields' source values"),
+            "cost": _round(result.cost), "start_cost": _round(result.start_cost), "optimizer": result.message,
+            "series": list(result.series),
+            "rows": list(result.rows),
+        },
+        "bounds": {p.name: [p.lo, p.hi] for p in result.params},
+        "shared": {n: _round(getattr(cs.shared, n)) for n in dict.fromkeys(shared_names)},
+        "per_generation": {g: {p.name: _round(v) for p, v in zip(result.params, result.values) if p.generation == g}
+                           for g in gens},
+        "residuals": {s.series: {"rows": s.rows, "throughput_rows": s.throughput_rows, "mape_pct": pct(s.mape),
+                                 "bias_pct": pct(s.bias),
+                                 "spearman": None if s.spearman is None else round(s.spearman, 3),
+                                 "verdicts_right": f"{s.verdicts_right}/{s.verdicts}" if s.verdicts else None,
+                                 "component_mape_pct": pct(s.component_mape)} for s in result.scores},
+    }
+
+
+HEADER = ("# The estimator's fitted coefficients (attune/estimator/coefficients.py reads `shared` and\n"
+          "# `per_generation`). Written by `attune calibrate --fit`; refit rather than edit by hand.\n")
+
+
+def write_data(result: FitResult, path: Path, corpus_dir: str) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(HEADER + yaml.safe_dump(to_data(result, corpus_dir), sort_keys=False, width=120))
+    return path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -9,6 +10,9 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from attune import api
+from attune.api import calibrate as calibrate_api
+from attune.api import study as study_api
+from attune.api import slime as slime_api
 from attune.api import tune as tune_api
 from attune.api.verify import verify as verify_recipe_file
 from attune.errors import UserInputError
@@ -40,6 +44,8 @@ def cmd_estimate(args) -> int:
         print(json.dumps(d, indent=2))
     else:
         out.print_estimate(est, target.source, target.ignored_flags)
+        if getattr(args, "explain", False):
+            out.print_explain(est)
     return 0
 
 
@@ -136,6 +142,17 @@ def cmd_slime_command(args) -> int:
     return 0
 
 
+def cmd_slime_preflight(args) -> int:
+    report = slime_api.preflight(args.cluster, model=args.model)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        out.console().print(out.preflight_table(report))
+        if not report.ok:
+            out.console(stderr=True).print(report.reason(), highlight=False, soft_wrap=True)
+    return 0 if report.ok else 1
+
+
 def cmd_slime_parse_log(args) -> int:
     p = Path(args.log)
     if not p.is_file():
@@ -146,6 +163,23 @@ def cmd_slime_parse_log(args) -> int:
     run = parse_slime_log(p.read_text(errors="replace"), gpus=args.gpus, window=(a, b))
     print(json.dumps(run.to_dict(), indent=2) if args.json else format_summary(run))
     return 0 if run.complete and not run.crash else 1
+
+
+def cmd_study_status(args) -> int:
+    st = study_api.study_status(args.storage, args.study, args.grace_period)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(st), indent=2, default=str))
+    else:
+        for line in st.lines():
+            print(line)
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    outcome = calibrate_api.calibrate(args.corpus, do_fit=args.fit, out_dir=args.out)
+    for line in out.calibration_lines(outcome):
+        print(line)
+    return 0
 
 
 def cmd_data_build(args) -> int:

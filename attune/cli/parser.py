@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from attune.spec.engine import ENGINES as ENGINE_TABLE
+
 from . import commands as c
 from .options import Parser, fraction, nonnegative_int, positive_float, positive_int, unit_interval
 
-ENGINES = ["slime", "megatron", "torch"]
+ENGINES = list(ENGINE_TABLE)  # one owner: attune.spec.engine
 RUNNERS = ["sim", "torch", "slime"]
 
 
@@ -34,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     _target_args(s, required=False)
     s.add_argument("--recipe", help="read model, GPUs, layout and workload from a recipe YAML")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--explain", action="store_true",
+                   help="print the step as a breakdown to check against a profile (per stage: compute by kind, "
+                        "recompute, exposed communication; bubble, optimizer, overhead) and the memory overheads")
     s.add_argument("flags", nargs=argparse.REMAINDER, help="-- Megatron/slime flags")
     _common(s)
     s.set_defaults(func=c.cmd_estimate)
@@ -49,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("tune", help="search layouts with an Optuna study and write the winner as a recipe")
     _target_args(s)
-    s.add_argument("--runner", default="sim", choices=RUNNERS)
+    s.add_argument("--runner", default="sim", choices=RUNNERS + ["replay"])
     s.add_argument("--trials", type=positive_int, default=None, help="target number of measured trials in the study")
     s.add_argument("--search-space", default=None, help="search space: a bundled name (dense, small) or a YAML path")
     s.add_argument("--seed", type=nonnegative_int, default=0, help="sampler seed")
@@ -68,6 +73,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="slime runner: what each Ray job runs (torch: the torch runner's trial, for local Ray heads)")
     s.add_argument("--memory-headroom", type=fraction, default=0.02,
                    help="fraction of GPU memory kept free when judging a predicted fit (default 0.02)")
+    s.add_argument("--sampler", default="model", choices=["model", "tpe"],
+                   help="model: expected improvement under the study's recalibrated model (default); tpe: plain TPE")
+    s.add_argument("--no-recalibrate", action="store_true",
+                   help="model sampler: do not refit the model to the study's measurements")
+    s.add_argument("--min-gain", type=fraction, default=0.01,
+                   help="stop rule: the gain over the best measured worth a trial, a fraction (default 0.01)")
+    s.add_argument("--p-stop", type=fraction, default=0.05,
+                   help="stop rule: stop when no layout has more than this probability of that gain (default 0.05)")
+    s.add_argument("--budget-gpu-hours", type=positive_float, default=None,
+                   help="stop once the measured trials have used this many GPU-hours")
+    s.add_argument("--measurements", default=None,
+                   help="replay runner: the table of measured outcomes (CSV or YAML, or an earlier trials.csv)")
     s.add_argument("--no-verify", action="store_true", help="skip the correctness check of the winner")
     s.add_argument("--save-recipe", action="store_true",
                    help="also copy the recipe into ./recipes/<model>/<gpu>/ (tracked recipes are never written otherwise)")
@@ -116,6 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cluster", default=None)
     _common(s)
     s.set_defaults(func=c.cmd_slime_command)
+    s = rs.add_parser("preflight", help="check every node of the cluster for what a slime study needs")
+    s.add_argument("--cluster", required=True, help="cluster YAML (docs/cluster.md)")
+    s.add_argument("--model", default=None, help="model the checkpoint's config.json must match")
+    s.add_argument("--json", action="store_true")
+    _common(s)
+    s.set_defaults(func=c.cmd_slime_preflight)
     s = rs.add_parser("parse-log", help="throughput, loss and failures from slime's stdout")
     s.add_argument("log")
     s.add_argument("--gpus", type=positive_int, required=True)
@@ -123,6 +146,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     _common(s)
     s.set_defaults(func=c.cmd_slime_parse_log)
+
+    r = sub.add_parser("study", help="shared study tools")
+    rs = r.add_subparsers(dest="study_command", required=True, parser_class=Parser)
+    s = rs.add_parser("status", help="workers seen, trials per state, best so far, stale trials, retries")
+    s.add_argument("--storage", required=True, help="Optuna storage URL (postgresql://..., sqlite:///...) or .journal path")
+    s.add_argument("--study", default=None, help="study name (default: the storage's only study)")
+    s.add_argument("--grace-period", type=positive_float, default=None,
+                   help="heartbeat silence that makes a trial stale, s (default: the study's)")
+    s.add_argument("--json", action="store_true")
+    _common(s)
+    s.set_defaults(func=c.cmd_study_status)
+
+    s = sub.add_parser("calibrate", help="predict the public corpus of measured runs; --fit refits the coefficients")
+    s.add_argument("--corpus", default=None,
+                   help="folder with dense.yaml, moe.yaml, memory.yaml (default: shared/measurements beside the checkout)")
+    s.add_argument("--fit", action="store_true",
+                   help="refit the global coefficients and write them (the package's coefficients.yaml from a checkout)")
+    s.add_argument("--out", default=None, help="output folder (default ./reports/calibration-<UTC date>/)")
+    _common(s)
+    s.set_defaults(func=c.cmd_calibrate)
 
     r = sub.add_parser("data", help="training data tools")
     rs = r.add_subparsers(dest="data_command", required=True, parser_class=Parser)

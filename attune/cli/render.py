@@ -50,6 +50,54 @@ def print_estimate(est: Estimate, source: str = "", ignored: list[str] | tuple[s
         con.print(f"ignored flags (no effect on memory or speed): {' '.join(ignored)}", highlight=False)
 
 
+def print_explain(est: Estimate, con: Console | None = None) -> None:
+    """The predicted step as a sum a profile can be checked against, and each stage's memory overheads."""
+    con = con or console()
+    p, br = est.perf, est.perf.breakdown
+    parts = ("fwd_gemm", "fwd_attention", "fwd_gdn", "fwd_memory", "bwd_gemm", "bwd_attention", "bwd_gdn",
+             "bwd_memory", "recompute", "tp_comm", "cp_comm", "pp_comm")
+    t = Table(title="one microbatch per stage (ms): compute by kind, recompute, exposed communication")
+    for c in ("stage",) + parts + ("total",):
+        t.add_column(c.replace("_", " "), justify="right")
+    for s in p.stages:
+        t.add_row(str(s.stage), *(f"{1e3 * s.parts.get(k, 0.0):.2f}" for k in parts),
+                  f"{1e3 * (s.forward_s + s.backward_s):.2f}")
+    con.print(t)
+    if br is None:
+        return
+    st = Table(title=f"step (s) on the pace-setting stage {br.critical_stage}, {br.microbatches} microbatches")
+    st.add_column("term")
+    st.add_column("seconds", justify="right")
+    st.add_column("share", justify="right")
+    rows = [(f"compute {k.replace('_', ' ')}", v) for k, v in br.compute_s.items() if v]
+    rows += [(f"exposed {k.upper()} communication", v) for k, v in br.exposed_comm_s.items() if v]
+    rows += [("pipeline bubble", br.bubble_s), ("optimizer", br.optimizer_s), ("per-step overhead", br.overhead_s)]
+    total = br.total_s
+    for name, v in rows:
+        st.add_row(name, f"{v:.4f}", f"{100 * v / total:.1f}%")
+    st.add_row("total = step time", f"{total:.4f}", f"{p.step_time_s:.4f} s predicted")
+    con.print(st)
+    mt = Table(title="memory overheads per stage (GiB): allocated and reserved peaks, terms outside the tensors")
+    names = sorted({k for s in est.memory.stages for k in s.overheads})
+    for c in ["stage", "allocated", "reserved", "device total"] + [n.replace("_", " ") for n in names]:
+        mt.add_column(c, justify="right")
+    for s in est.memory.stages:
+        mt.add_row(str(s.stage), f"{s.allocated_gib:.1f}", f"{s.reserved_gib:.1f}", f"{s.total_gib:.1f}",
+                   *(f"{s.overheads.get(n, 0.0):.2f}" for n in names))
+    con.print(mt)
+
+
+def preflight_table(report) -> Table:
+    """One table of the slime preflight: node, check, ok / MISSING, what was found."""
+    t = Table(title=f"slime preflight: {report.nodes} node(s), "
+                    f"{'all checks passed' if report.ok else f'{len(report.failures)} check(s) failed'}")
+    for col in ("node", "check", "result", "detail"):
+        t.add_column(col, overflow="fold")
+    for c in report.checks:
+        t.add_row(c.node, c.check, "ok" if c.ok else "[bold red]MISSING[/]", c.detail)
+    return t
+
+
 def models_table(models: list[ModelSpec]) -> Table:
     t = Table(title="bundled models")
     for c in ("name", "family", "layers (full/GDN)", "hidden", "heads/kv", "vocab", "total params", "active params"):
@@ -97,3 +145,36 @@ def format_run_result(res, layout, workload, source: str) -> str:
         lines.append(f"loss: {res.losses[steps[0]]:.4f} (step {steps[0]}) -> {res.losses[steps[-1]]:.4f} (step {steps[-1]})")
     lines.append(f"wall time: {res.wall_s:.1f} s, {res.gpu_hours:.4f} GPU-hours")
     return "\n".join(lines)
+
+
+def calibration_lines(outcome) -> list[str]:
+    """``attune calibrate``: per-series MAPE and rank correlation, the refit, unexpressed rows, files."""
+    pct = lambda v: "-" if v is None else f"{100 * v:5.1f}%"  # noqa: E731
+    lines = [f"corpus {outcome.corpus.directory}: {len(outcome.corpus.rows)} rows, "
+             f"{len(outcome.corpus.expressed)} expressed ({len(outcome.predictions)} predicted)"]
+    w = max([len(s.series) for s in outcome.scores] + [6])
+    lines.append(f"{'series':{w}s}  rows  MAPE    bias    Spearman  layouts  verdicts  components")
+    for s in outcome.scores:
+        rho = "-" if s.spearman is None else f"{s.spearman:5.2f}"
+        ver = f"{s.verdicts_right}/{s.verdicts}" if s.verdicts else "-"
+        lines.append(f"{s.series:{w}s}  {s.rows:4d}  {pct(s.mape):6s}  {pct(s.bias):6s}  {rho:8s}  "
+                     f"{'varied' if s.varies_layout else 'same':7s}  {ver:8s}  {pct(s.component_mape)}")
+    if outcome.fit is not None:
+        f = outcome.fit
+        lines.append(f"refit: cost {f.start_cost:.4g} -> {f.cost:.4g} in {f.evaluations} evaluations ({f.message})")
+        for p, v, rel in f.changes():
+            lines.append(f"  {p.key:40s} {p.start:10.4g} -> {v:10.4g} ({100 * rel:+6.1f}%)  bounds [{p.lo:g}, {p.hi:g}] {p.unit}")
+        lines.append(f"coefficients written to {outcome.data_file}")
+    for p in outcome.failures:
+        lines.append(f"estimate failed: {p.row.id}: {p.failure}")
+    if outcome.stale_names:
+        lines.append(f"stale names in the coefficient data file (refit with --fit): {', '.join(outcome.stale_names)}")
+    reasons: dict[str, list[str]] = {}
+    for r in outcome.unexpressed:
+        reasons.setdefault(r.reason or "", []).append(r.id)
+    if reasons:
+        lines.append(f"not expressed: {len(outcome.unexpressed)} rows")
+        for why, ids in sorted(reasons.items(), key=lambda t: -len(t[1])):
+            lines.append(f"  {len(ids):3d} {why}: {', '.join(ids[:3])}{', ...' if len(ids) > 3 else ''}")
+    lines.append("written: " + ", ".join(str(p) for p in outcome.files))
+    return lines

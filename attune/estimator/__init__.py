@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .coefficients import DEFAULT, Coefficients
+from .coefficients import Coefficients, coefficients_for
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
@@ -36,6 +36,8 @@ class Estimate:
             "verdict": m.verdict(),
             "capacity_gib": round(m.capacity_gib, 3),
             "peak_gib": round(m.peak_gib, 3),
+            "peak_allocated_gib": round(m.peak_allocated_gib, 3),
+            "peak_reserved_gib": round(m.peak_reserved_gib, 3),
             "peak_stage": m.peak_stage,
             "host_optimizer_gib_per_node": round(m.host_needed_gib, 1),
             "host_capacity_gib_per_node": round(m.host_capacity_gib, 1),
@@ -59,9 +61,11 @@ class Estimate:
 
 
 def estimate(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workload, engine: Engine,
-             coef: Coefficients = DEFAULT, check_layout: bool = True) -> Estimate:
+             coef: Coefficients | None = None, check_layout: bool = True) -> Estimate:
     """Memory and performance of one layout. The placement (stages, chunks, batching, in-flight
-    microbatches) is derived once here and handed to both models."""
+    microbatches) is derived once here and handed to both models. Without ``coef``, the fitted set of the
+    cluster's GPU generation (``coefficients_for``)."""
+    coef = coef if coef is not None else coefficients_for(cluster.gpu)
     if check_layout:
         validate(layout, model, cluster.world_size, workload, engine)
     placement = place(model, layout, workload, engine)

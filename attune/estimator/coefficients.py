@@ -1,59 +1,179 @@
 """The calibrated coefficients of the memory and performance models, in one place, with provenance.
 
 Few and physical: efficiencies between 0 and 1, bandwidth fractions, fixed overheads in GiB or seconds.
-They are fitted to measurements (``attune.estimator.fit``), never per layout. This module is a leaf: it
-imports nothing of attune, and nothing in the estimator imports the fitting code.
+They are fitted to measurements (``attune.estimator.fit``), never per layout. This module is a leaf of
+the estimator (it imports only the GPU type), and nothing in the estimator imports the fitting code
+(``attune.calibrate.fit``). The fitted values live in package data, ``coefficients.yaml``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from importlib import resources
+
+import yaml
+
+from attune.spec.hardware import GPU
+
+
+def _c(default: float, unit: str, source: str, bounds: tuple[float, float] | None = None,
+       per_generation: bool = False):
+    """A coefficient field: its unit, its source and, for the few the global fit may move, the physically
+    plausible range (the range's source in ``source``) and whether it may differ between GPU generations."""
+    meta: dict = {"unit": unit, "source": source}
+    if bounds is not None:
+        meta["bounds"] = bounds
+    if per_generation:
+        meta["per_generation"] = True
+    return dataclasses.field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
 class Coefficients:
-    # --- memory
-    # Real saved activations / counted saved tensors: allocator rounding, un-modelled temporaries (GDN fp32
-    # gate copies, FLA chunk-state scratch, dropout-free TE workspaces). Physically >= 1.
-    # Fitted: the seed's block-recompute 12 fits on stage 0 and 10 does not (see OBSERVATIONS).
-    activation_factor: float = 1.30  # fitted (fit(): grid 1.00-1.60)
-    # CUDA context, cuBLAS/cuDNN/TE workspaces and NCCL communicator buffers per GPU, GiB.
-    # Literature: CUDA 12 context on Hopper ~0.5-0.7 GiB; NCCL with NVLS ~1-2 GiB; TE/cuBLAS ~0.5 GiB.
-    # Fitted on a grid bounded by that physical range (1.5-6.0 GiB).
-    fixed_overhead_gib: float = 6.0
-    # CPU workers (torch runner): resident memory of a Python process with torch, gloo and the worker imported,
-    # before the model: ~0.30 GiB measured here with torch 2.13.0 CPU (peak RSS of a 0-layer run). Not fitted.
-    cpu_process_overhead_gib: float = 0.30
-    # --- performance
-    # Fraction of dense BF16 peak reached by large GEMMs (cuBLAS/TE on Hopper reach 0.6-0.8).
-    # Fitted to the seed's tuned layout (2,499.5 tokens/s/GPU on 8 x H200).
-    gemm_efficiency: float = 0.72  # fitted: 0.7194
-    # GEMM size (smallest of m, n, k) at which efficiency reaches 1 - 1/e of its maximum: tile/wave
-    # quantisation on 132-SM Hopper with 128x256 tiles. Literature value, not fitted.
-    gemm_half_dim: float = 384.0
-    # The same on CPU workers: oneDNN/MKL sgemm kernels block for L1/L2 caches and reach most of their peak
-    # with ~64-wide panels. Not fitted.
-    cpu_gemm_half_dim: float = 64.0
-    # FlashAttention forward+backward fraction of peak (FA2/FA3 on H100 bf16 reach 0.35-0.75); not fitted.
-    attention_efficiency: float = 0.45
-    # FLA chunked gated-delta-rule kernels: far below GEMM efficiency (reference slime-and-qwen.md 4.4);
-    # not fitted.
-    gdn_kernel_efficiency: float = 0.10
-    # Achieved fraction of HBM bandwidth for elementwise / normalisation kernels; not fitted.
-    hbm_efficiency: float = 0.70
-    # Times each saved activation byte crosses HBM in forward (write + read by the next op, norms and
-    # activation functions); backward is twice that. Not fitted.
-    memory_passes: float = 3.0
-    # Achieved NCCL bus bandwidth / per-direction NVLink line rate: 370 of 450 GB/s (nccl-tests#212).
-    nvlink_efficiency: float = 0.82
-    # Same for the scale-out network (EFA / InfiniBand): ~0.8 typical for NCCL over RDMA.
-    network_efficiency: float = 0.80
-    # Per-collective launch + synchronisation latency, seconds (NCCL small-message latency on NVLink).
-    collective_latency_s: float = 25e-6
-    # Fraction of STREAM-class host memory bandwidth reached by the CPU Adam step of 8 co-located ranks
-    # (torch AdamW on pinned fp32 shards, with the D2H/H2D copies). Fitted to the seed's slime baseline
-    # (948.7 tokens/s/GPU, full CPU optimizer offload).
-    host_optimizer_efficiency: float = 0.065  # fitted: 0.0652 (about 39 GB/s of a 600 GB/s host)
+    """Every number of the memory and performance models that is not a byte count read from a kernel.
+
+    Fields with ``bounds`` in their metadata are fitted globally (``attune calibrate --fit``); the others are
+    fixed from their source. ``per_generation`` marks the few that may differ between Ampere, Hopper and
+    Blackwell. Never per model or per layout.
+    """
+
+    # ------------------------------------------------------------------ memory: outside the allocator
+    cuda_context_gib: float = _c(
+        0.6, "GiB", "CUDA context with lazy module loading (CUDA >= 12.2 default) plus PyTorch's and TE's kernel "
+        "images: 0.5-0.7 GiB on Hopper as nvidia-smi minus torch.cuda.memory_reserved() of an idle process "
+        "[unverified literature range]")
+    nccl_buffers_gib_per_comm: float = _c(
+        0.25, "GiB", "NCCL ring/tree connection buffers of one communicator with >= 2 ranks: per channel and peer "
+        "NCCL_BUFFSIZE 4 MiB (Simple) + ~4.6 MiB (LL128) + 256 KiB (LL), 8-16 channels on NVLink, lazily "
+        "connected per algorithm (NCCL_RUNTIME_CONNECT=1, NCCL >= 2.22 docs) [derived from the NCCL env docs]")
+    nccl_nvls_gib_per_comm: float = _c(
+        1.0, "GiB", "NVLink SHARP buffers (unicast + multicast mappings, NCCL_NVLS_CHUNKSIZE x channels x "
+        "heads) of one intra-domain communicator when NCCL_NVLS_ENABLE is on; NCCL's environment docs note "
+        "NVLS uses extra memory, user reports on github.com/NVIDIA/nccl issues put it at 0.5-2 GiB per "
+        "communicator [unverified]")
+    cpu_process_overhead_gib: float = _c(
+        0.30, "GiB", "CPU workers (torch runner): resident memory of a Python process with torch, gloo and the "
+        "worker imported, before the model: ~0.30 GiB measured here with torch 2.13.0 CPU (peak RSS of a "
+        "0-layer run)")
+    # ------------------------------------------------------------------ memory: inside the allocator
+    gemm_workspace_gib: float = _c(
+        0.25, "GiB", "cuBLAS/cuBLASLt workspaces (PyTorch: 32 MiB per handle on sm90, CUBLAS_WORKSPACE_CONFIG "
+        "default; TE: 32 MiB per stream on sm90, get_cublas_workspace_size_bytes) plus the cuDNN fused-attention "
+        "workspace, allocated through the PyTorch caching allocator [derived, unverified total]")
+    fragmentation: float = _c(
+        0.08, "fraction of the allocated peak", "PyTorch caching allocator without expandable_segments: freed "
+        "blocks of 2 MiB-rounded segments that cannot be reused for larger requests; reserved/allocated peaks "
+        "of 1.03-1.25 are typical in LLM training (PyTorch docs 'Optimizing memory usage with "
+        "PYTORCH_CUDA_ALLOC_CONF', Megatron-LM memory reports) [range unverified]; the lower bound is the "
+        "expandable-segments value below, since expandable segments can only reduce fragmentation",
+        bounds=(0.05, 0.25))
+    fragmentation_expandable: float = _c(
+        0.05, "fraction of the allocated peak", "with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True segments "
+        "grow in place (2 MiB pages) and freed blocks coalesce, but cached-but-free blocks of varying-size "
+        "transients remain (PyTorch CUDA semantics docs, 'Memory management'); 0.02-0.10 [unverified range]")
+    # ------------------------------------------------------------------ performance: kernels
+    gemm_efficiency: float = _c(
+        0.72, "fraction of dense BF16 peak", "large cuBLAS/TE GEMMs reach 0.6-0.8 of peak on Hopper "
+        "(NVIDIA Transformer Engine and cuBLAS benchmarks) [range]", bounds=(0.45, 0.90), per_generation=True)
+    gemm_half_dim: float = _c(
+        384.0, "elements", "GEMM size (smallest of m, n, k) at which efficiency reaches 1 - 1/e of its maximum: "
+        "tile/wave quantisation on 132-SM Hopper with 128x256 tiles [literature value]")
+    cpu_gemm_half_dim: float = _c(
+        64.0, "elements", "the same on CPU workers: oneDNN/MKL sgemm kernels block for L1/L2 caches and reach most "
+        "of their peak with ~64-wide panels")
+    attention_efficiency: float = _c(
+        0.45, "fraction of dense BF16 peak", "FlashAttention-2/3 and cuDNN fused attention forward+backward on "
+        "H100 bf16 reach 0.35-0.75 of peak (Dao 2023; Shah et al. 2024, FlashAttention-3) [range]",
+        bounds=(0.25, 0.80), per_generation=True)
+    attention_backward_ratio: float = _c(
+        2.5, "backward FLOPs / forward FLOPs", "FlashAttention backward does 5 GEMM-sized matmuls "
+        "(recomputing QK^T) to forward's 2 (Dao 2023, FlashAttention-2 section 3.1.2)")
+    gdn_kernel_efficiency: float = _c(
+        0.10, "fraction of dense BF16 peak", "FLA chunked gated-delta-rule kernels run far below GEMM efficiency "
+        "(reference slime-and-qwen.md 4.4: small 64x128 chunk matmuls, sequential state pass)",
+        bounds=(0.03, 0.30))
+    hbm_efficiency: float = _c(
+        0.70, "fraction of HBM bandwidth", "achieved by elementwise / normalisation kernels (STREAM-like "
+        "copy on H100 reaches ~0.9; fused norm kernels 0.6-0.8) [range]")
+    memory_passes: float = _c(
+        3.0, "HBM crossings per saved activation byte in forward", "each saved tensor is written once and read by "
+        "the next op, and norms/activations read their inputs again [derived]; backward is "
+        "backward_memory_ratio times that. Fitted in [1.5, 4]: at least one write and most of one read per byte; "
+        "fused kernels (TE norm+linear, FlashAttention, FLA) write their saved tensors once", bounds=(1.5, 4.0))
+    backward_memory_ratio: float = _c(
+        2.0, "backward HBM traffic / forward", "backward reads each saved tensor and writes its gradient "
+        "[derived]")
+    # ------------------------------------------------------------------ performance: communication
+    nvlink_efficiency: float = _c(
+        0.82, "fraction of per-direction NVLink line rate", "NCCL reaches ~370 of 450 GB/s busBW on 8-GPU "
+        "NVSwitch for non-all-reduce collectives (nccl-tests#212); range 0.6-0.95", bounds=(0.60, 0.95),
+        per_generation=True)
+    network_efficiency: float = _c(
+        0.80, "fraction of scale-out line rate", "NCCL over RDMA (InfiniBand NDR / EFA) busBW reaches 0.7-0.9 of "
+        "line rate in nccl-tests [range]", bounds=(0.50, 0.95), per_generation=True)
+    interleaved_p2p_exposed: float = _c(
+        0.5, "fraction of a PP send/receive's time", "interleaved 1F1B with overlap_p2p_comm posts each chunk's "
+        "isend/irecv before the next chunk's compute and waits on the receive before the chunk that needs it "
+        "(megatron/core/pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving): the "
+        "transfer hides only where a neighbour's chunk compute is longer and unjittered; NCCL p2p also shares "
+        "SMs with the TP/DP collectives. 0 = fully hidden, 1 = as exposed as non-interleaved 1F1B [range, fitted]",
+        bounds=(0.0, 1.0))
+    collective_latency_s: float = _c(
+        25e-6, "s per collective", "NCCL small-message latency on NVLink, launch plus synchronisation "
+        "(nccl-tests at 8 B: 15-30 us) [range]")
+    # ------------------------------------------------------------------ performance: optimizer and step
+    host_optimizer_efficiency: float = _c(
+        0.065, "fraction of host DRAM bandwidth", "CPU AdamW of 8 co-located ranks on pinned fp32 shards with the "
+        "D2H/H2D copies; fitted to the seed's slime baseline (948.7 tokens/s/GPU, full CPU offload); range "
+        "0.02-0.5 of STREAM bandwidth", bounds=(0.01, 0.5))
+    step_overhead_slime_s: float = _c(
+        1.0, "s per step", "slime's training loop outside forward/backward: rollout-data hand-off, "
+        "per-microbatch data preprocessing and logging (slime-and-qwen.md 2.2 train_wait)")
+    step_overhead_megatron_s: float = _c(
+        0.3, "s per step", "Megatron-LM / NeMo loop outside forward/backward: data loader, gradient-norm "
+        "clipping all-reduces, loss reduction, timers and logging [range 0.05-1.0 s]", bounds=(0.05, 1.0))
+    step_overhead_torch_s: float = _c(
+        0.05, "s per step", "attune's torch runner: Python loop, gloo barrier and logging on CPU workers")
 
 
-DEFAULT = Coefficients()
+# ---------------------------------------------------------------------- the fitted values (package data)
+DATA_FILE = "coefficients.yaml"
+"""attune/estimator/coefficients.yaml: the values ``attune calibrate --fit`` fitted, what they were fitted to
+and the residuals per series. ``shared`` overrides the field defaults above; ``per_generation.<gen>``
+overrides ``shared`` for the GPUs of that generation (fields whose metadata says ``per_generation``)."""
+
+
+def load_data() -> dict:
+    """The package's coefficient data file as a mapping ({} when the package ships none)."""
+    f = resources.files("attune.estimator").joinpath(DATA_FILE)
+    if not f.is_file():
+        return {}
+    return yaml.safe_load(f.read_text()) or {}
+
+
+def coefficients_from_data(data: dict, base: Coefficients | None = None
+                           ) -> tuple[Coefficients, dict[str, Coefficients], tuple[str, ...]]:
+    """(shared coefficients, coefficients per GPU generation, names in the data that are no field)."""
+    base = base if base is not None else Coefficients()
+    known = {f.name: f for f in dataclasses.fields(Coefficients)}
+    unknown: set[str] = set()
+
+    def apply(c: Coefficients, values: dict | None) -> Coefficients:
+        values = values or {}
+        unknown.update(k for k in values if k not in known)
+        return dataclasses.replace(c, **{k: type(getattr(c, k))(v) for k, v in values.items() if k in known})
+
+    shared = apply(base, data.get("shared"))
+    per = {gen: apply(shared, vals) for gen, vals in (data.get("per_generation") or {}).items()}
+    return shared, per, tuple(sorted(unknown))
+
+
+DEFAULT, BY_GENERATION, UNKNOWN_NAMES = coefficients_from_data(load_data())
+"""DEFAULT: the field defaults overridden by the data file's shared values; BY_GENERATION: per GPU generation;
+UNKNOWN_NAMES: names in the data file that are no field (stale after a rename; ``attune calibrate`` lists them)."""
+
+
+def coefficients_for(gpu: GPU) -> Coefficients:
+    """The coefficients for a GPU: its generation's fitted set (ampere, hopper, blackwell), else DEFAULT."""
+    return BY_GENERATION.get(gpu.generation, DEFAULT)

@@ -13,24 +13,45 @@ from functools import lru_cache
 from attune.spec.engine import Engine
 from attune.spec.model import FULL, LINEAR, ModelSpec
 
-BF16 = 2  # bytes
-FP32 = 4
-GDN_CHUNK = 64  # FLA chunk size of chunk_gated_delta_rule (fla/ops/gated_delta_rule/chunk.py)
+BF16 = 2  # bytes per bf16/fp16 element
+FP32 = 4  # bytes per fp32 element
+GDN_CHUNK = 64  # FLA chunk size of chunk_gated_delta_rule (fla/ops/gated_delta_rule/chunk.py, chunk_size=64)
+
+
+@dataclass(frozen=True)
+class Saved:
+    """One tensor a layer keeps for its backward pass, for one microbatch on one GPU."""
+
+    name: str
+    """What it is and who saves it (the kernel or autograd node, with its source)."""
+    bytes: float
+    """Size in bytes."""
 
 
 @dataclass(frozen=True)
 class LayerCost:
-    act_bytes: float  # saved for backward, per microbatch, bytes (no recompute)
+    saved: tuple[Saved, ...]  # the tensors kept for backward, per microbatch (no recompute)
     input_bytes: float  # the layer input kept when the layer is recomputed, bytes
+    bwd_work_bytes: float  # gradients and recomputed kernel state alive at once during this layer's backward, bytes
     gemm: tuple[tuple[float, float], ...]  # forward GEMMs: (FLOPs, smallest dimension)
     attn_flops: float  # forward softmax-attention core FLOPs
     gdn_flops: float  # forward gated-delta-rule kernel FLOPs
-    tp_coll_fwd: int  # TP collectives in forward (exposed)
-    tp_coll_bwd: int  # TP collectives in backward (exposed; wgrad all-gathers overlap with dgrad)
+    tp_coll_fwd: int  # TP collectives in forward
+    tp_coll_bwd: int  # TP collectives in backward on the critical path (the SP wgrad re-gathers overlap dgrad)
     tp_coll_bytes: float  # bytes per collective (the full-sequence tensor being gathered/reduced)
     tp_allreduce: bool  # without SP the collectives are all-reduces (twice the traffic)
     cp_bytes: float  # CP traffic per GPU per forward, bytes
     params_on_gpu: float  # parameters of this layer held by one GPU
+    selective_freed_bytes: float = 0.0  # of ``saved``: what selective (core-attention) recompute does not keep
+
+    @property
+    def act_bytes(self) -> float:
+        """Bytes saved for backward: the sum of the named tensors (summed once, at construction)."""
+        return self._act_bytes
+
+    def __post_init__(self) -> None:
+        # the estimator reads act_bytes in its inner loops: sum the named tensors once per (model, engine, shape)
+        object.__setattr__(self, "_act_bytes", float(sum(t.bytes for t in self.saved)))
 
 
 @dataclass(frozen=True)
@@ -44,32 +65,108 @@ class Shape:
     seq: int  # attention context: the packed row length
 
 
+def _norm_stats(m: ModelSpec) -> int:
+    """fp32 statistics a norm saves per token: rsigma (RMSNorm), mu and rsigma (LayerNorm, LayerNorm1p)."""
+    return 1 if m.norm == "rmsnorm" else 2
+
+
+def _te_norm_linear(T: float, m: ModelSpec, hd: int, where: str) -> list[Saved]:
+    # Transformer Engine's fused norm + column-parallel linear (_LayerNormLinear.forward,
+    # transformer_engine/pytorch/module/layernorm_linear.py) saves the norm input (inputmat), the norm output
+    # ln_out (the GEMM input; under SP the local shard, re-gathered in backward) and the norm statistics.
+    h = m.hidden
+    return [Saved(f"{where} norm input (TE LayerNormLinear inputmat)", T * BF16 * h / hd),
+            Saved(f"{where} norm output (TE ln_out, GEMM input)", T * BF16 * h / hd),
+            Saved(f"{where} norm statistics (fp32)", T * FP32 * _norm_stats(m) / hd)]
+
+
+def _te_mlp(T: float, m: ModelSpec, t: int, hd: int) -> list[Saved]:
+    # fc1 output: the activation's input. megatron-core fused bias_swiglu / bias_gelu save their input
+    # (megatron/core/fusions/fused_bias_swiglu.py, fused_bias_gelu.py: ctx.save_for_backward(input, bias));
+    # squared ReLU (megatron/core/activations.py squared_relu = pow(relu(x), 2)) needs x as well.
+    # fc2 input: the activation's output, saved by the row-parallel linear for its wgrad.
+    return _te_norm_linear(T, m, hd, "MLP") + [
+        Saved(f"fc1 output = {m.mlp} input ({m.fc1_width // t} wide)", T * BF16 * m.fc1_width / t),
+        Saved(f"{m.mlp} output = fc2 input ({m.ffn // t} wide)", T * BF16 * m.ffn / t),
+    ]
+
+
+def _mlp_bwd_work(T: float, m: ModelSpec, t: int) -> float:
+    """Gradients alive during the MLP backward: d(fc2 input), d(fc1 output)."""
+    return T * BF16 * (m.ffn + m.fc1_width) / t
+
+
 def _full(m: ModelSpec, e: Engine, s: Shape) -> LayerCost:
     t, T, h = s.tp, s.tokens, m.hidden
     hd = t if s.sp else 1  # hidden-sized tensors are sequence-sharded only with SP
+    q, kv = m.q_dim, m.kv_dim
     gate = m.attn_output_gate
-    # saved tensors (bf16): norm input+output for both norms (TE fused norm-linear) 8h; q, k, v; core output;
-    # with the output gate also the gate and the gated output (reference section 2.4)
-    heads_bytes = BF16 * (2 * m.q_dim + 2 * m.kv_dim + (2 * m.q_dim if gate else 0)) / t
-    mlp_bytes = BF16 * ((3 * m.ffn) if m.mlp == "swiglu" else (2 * m.ffn)) / t
-    act = T * (4 * BF16 * h / hd + heads_bytes + mlp_bytes + FP32 * m.heads / t)  # + softmax LSE
-    q_out = m.q_dim * (2 if gate else 1)
-    mlp_n = (2 if m.mlp == "swiglu" else 1) * m.ffn
+    saved = _te_norm_linear(T, m, hd, "attention")
+    if m.qk_norm:
+        # per-head RMSNorm on q and k before rotary (TE/megatron-core q_layernorm, k_layernorm): saves its input
+        saved.append(Saved("q/k norm inputs and rsigma", T * (BF16 * (q + kv) + FP32 * (m.heads + m.kv_heads)) / t))
+    freed = 0.0
+    if e.attention_kernel == "unfused":
+        # Megatron-LM <= v3.0 CoreAttention (megatron/model/transformer.py): Q, K for the baddbmm, the
+        # FusedScaleMaskSoftmax output (bf16), its dropout mask (1 byte) and the dropped-out probabilities
+        # (bf16) for the PV bmm, V, the context (out-projection input): Korthikanti et al. 2022 section 4.1,
+        # 11*s*b*h + 5*a*s^2*b per layer. Rows of one packed sequence: s = the row length.
+        rows = T / s.seq
+        scores = rows * m.heads * s.seq * s.seq / t
+        core = [Saved("attention softmax probabilities (bf16, a x s x s)", scores * BF16),
+                Saved("attention-dropout mask (1 byte per score)", scores * 1),
+                Saved("dropped-out attention probabilities (PV bmm input)", scores * BF16)]
+        saved += [Saved("q, k (QK^T bmm inputs) and v (PV bmm input)", T * BF16 * (q + 2 * kv) / t), *core,
+                  Saved("attention context (out-projection input)", T * BF16 * q / t)]
+        freed = sum(x.bytes for x in core)
+    else:
+        saved += [
+            # FlashAttention (flash_attn_interface FlashAttnFunc.forward: save_for_backward(q, k, v, out,
+            # softmax_lse, rng_state); TE FusedAttnFunc the same with its aux tensors). Rotary is applied by a fused
+            # kernel that saves only the frequencies, so the pre-rotary q/k are freed.
+            Saved("FlashAttention q, k, v (post-rotary)", T * BF16 * (q + 2 * kv) / t),
+            Saved("FlashAttention output (also the out-projection input)", T * BF16 * q / t),
+            Saved("FlashAttention softmax log-sum-exp (fp32, per head)", T * FP32 * m.heads / t),
+        ]
+    if e.hidden_dropout_masks:
+        # bias-dropout-add after the out-projection and after fc2 saves a 1-byte mask of the residual-stream
+        # shape (sequence-sharded under SP): Korthikanti et al. 2022 section 4.1
+        saved.append(Saved("hidden-dropout masks after attention and MLP (1 byte each)", 2 * T * h / hd))
+    if gate:
+        # Qwen3.5 gated attention: out * sigmoid(gate); sigmoid saves its output, the product saves both
+        # operands (the core output is the FlashAttention output above); the product feeds the out-projection
+        saved += [Saved("output-gate sigmoid output", T * BF16 * q / t),
+                  Saved("gated attention output (out-projection input)", T * BF16 * q / t)]
+    saved += _te_mlp(T, m, t, hd)
+    q_out = q * (2 if gate else 1)
+    mlp_n = m.fc1_width
     gemm = (
-        (2 * T * h * (q_out + 2 * m.kv_dim) / t, min(T, h, (q_out + 2 * m.kv_dim) / t)),
-        (2 * T * m.q_dim * h / t, min(T, h, m.q_dim / t)),
+        (2 * T * h * (q_out + 2 * kv) / t, min(T, h, (q_out + 2 * kv) / t)),
+        (2 * T * q * h / t, min(T, h, q / t)),
         (2 * T * h * mlp_n / t, min(T, h, mlp_n / t)),
         (2 * T * m.ffn * h / t, min(T, h, m.ffn / t)),
     )
     # causal attention: 2 GEMMs (QK^T, PV) over half the context on average (Megatron's 6*q*L counts fwd+bwd)
-    attn = 2 * T * m.q_dim * s.seq / t
+    attn = 2 * T * q * s.seq / t
+    # backward: FlashAttention's dq, dk, dv, d(out) plus its fp32 dq accumulator; or the MLP's gradients; plus the
+    # incoming and outgoing residual-stream gradients and, under SP, the re-gathered full-sequence GEMM input
+    attn_work = T * (BF16 * (2 * q + 2 * kv) + FP32 * q) / t
+    if e.attention_kernel == "unfused":
+        # the unfused backward materialises the gradients of the dropped-out probabilities and of the scores
+        attn_work += 2 * BF16 * (T / s.seq) * m.heads * s.seq * s.seq / t
+    sp_gather = T * BF16 * h * (hd > 1)
+    work = max(attn_work, _mlp_bwd_work(T, m, t)) + 2 * T * BF16 * h / hd + sp_gather
     p = m.full_layer()
-    kv_cp = (s.cp - 1) * 2 * T * m.kv_dim * BF16 / t if s.cp > 1 else 0.0  # ring KV exchange per GPU
+    kv_cp = (s.cp - 1) * 2 * T * kv * BF16 / t if s.cp > 1 else 0.0  # ring KV exchange per GPU
+    n_coll = (4 if s.sp else 2) if t > 1 else 0
+    # backward under SP: 2 reduce-scatters (column dgrad) + 2 all-gathers (row output grads); the 2 all-gathers
+    # re-gathering the column-parallel inputs for wgrad run async under the dgrad GEMM (reference
+    # megatron-memory-and-performance.md 7.1, tensor_parallel/layers.py)
+    n_bwd = (4 if s.sp else 2) if t > 1 else 0
     return LayerCost(
-        act_bytes=act, input_bytes=T * BF16 * h / hd, gemm=gemm, attn_flops=attn, gdn_flops=0.0,
-        tp_coll_fwd=(4 if s.sp else 2) if t > 1 else 0, tp_coll_bwd=(4 if s.sp else 2) if t > 1 else 0,
-        tp_coll_bytes=BF16 * T * h, tp_allreduce=not s.sp, cp_bytes=kv_cp,
-        params_on_gpu=p.matrix / t + p.vectors,
+        saved=tuple(saved), input_bytes=T * BF16 * h / hd, bwd_work_bytes=work, gemm=gemm, attn_flops=attn,
+        gdn_flops=0.0, tp_coll_fwd=n_coll, tp_coll_bwd=n_bwd, tp_coll_bytes=BF16 * T * h, tp_allreduce=not s.sp,
+        cp_bytes=kv_cp, params_on_gpu=p.matrix / t + p.vectors, selective_freed_bytes=freed,
     )
 
 
@@ -79,24 +176,66 @@ def _gdn(m: ModelSpec, e: Engine, s: Shape) -> LayerCost:
     rep = e.gdn_replicated
     mix_t = 1 if rep else t  # slime: the GDN mixer is not split by TP ...
     Tm = T * s.cp if rep else T  # ... nor by CP: every rank runs the whole CP-group sequence
-    vd, conv, vh = m.lin_value_dim, m.lin_conv_dim, m.lin_v_heads
-    qk_rep = 2 * vh * m.lin_k_dim  # q and k repeated to the value heads
-    mixer_saved = BF16 * (h + conv + vd + qk_rep + vd + vh * GDN_CHUNK + 2 * vd) + 3 * FP32 * vh  # slime-and-qwen 4.3
-    norm_saved = (FP32 * 2 * h + BF16 * h) if e.gdn_fp32_norm_copies else (BF16 * 2 * h / (1 if rep else hd))
-    mlp_bytes = BF16 * ((3 * m.ffn) if m.mlp == "swiglu" else 2 * m.ffn) / t
-    act = Tm * (mixer_saved / mix_t + norm_saved) + T * (2 * BF16 * h / hd + mlp_bytes)
+    vd, conv, vh, dk, dv = m.lin_value_dim, m.lin_conv_dim, m.lin_v_heads, m.lin_k_dim, m.lin_v_dim
+    saved: list[Saved] = []
+    if e.gdn_fp32_norm_copies:
+        # slime's Qwen3NextRMSNorm in python (HF): x.float() is saved by the square/multiply, the fp32 normalised
+        # tensor by the (1 + weight) multiply, plus the fp32 rsqrt; the bf16 output is the in_proj input
+        # (slime-and-qwen.md 4.3). It runs after the SP all-gather: full sequence on every TP rank.
+        saved += [Saved("GDN input RMSNorm fp32 copy of x (HF python norm)", Tm * FP32 * h),
+                  Saved("GDN input RMSNorm fp32 normalised x", Tm * FP32 * h),
+                  Saved("GDN input RMSNorm rsqrt (fp32)", Tm * FP32),
+                  Saved("GDN in_proj input (norm output, shared by in_proj_qkv / z / b / a)", Tm * BF16 * h)]
+    else:
+        # megatron-core GDN: in_proj is TE's fused LayerNormLinear (sequence-sharded under SP)
+        saved += _te_norm_linear(T, m, hd, "GDN")
+    # per-head tensors, divided by TP in megatron-core (head-parallel), whole in slime's replicated plugin.
+    # chunk_gated_delta_rule (fla/ops/gated_delta_rule/chunk.py ChunkGatedDeltaRuleFunction.forward) saves
+    # q, q_rstd, k, k_rstd, v, g (chunk-local cumsum, fp32), beta, beta_raw (the same tensor unless the
+    # sigmoid is in the kernel), A (WY inverse, [T, H, 64] in k.dtype); input_guard makes q/k/v contiguous
+    # copies, so the conv output itself is freed. The chunk states h are recomputed in backward, not saved.
+    per_head = [
+        Saved("causal_conv1d input: pre-conv q, k, v (FLA ShortConvolution saves x)", Tm * BF16 * conv),
+        Saved("z output gate (saved by the gated norm)", Tm * BF16 * vd),
+        Saved("q, k repeated to the value heads, l2-normalised (saved by chunk_gated_delta_rule)",
+              Tm * BF16 * 2 * vh * dk),
+        Saved("q, k l2norm rstd (fp32)", Tm * FP32 * 2 * vh),
+        Saved("v (saved by chunk_gated_delta_rule)", Tm * BF16 * vd),
+        # g = -exp(A_log) * softplus(a.float() + dt_bias): softplus saves its fp32 input, the product its fp32
+        # softplus output; the kernel saves the fp32 chunk cumsum of g
+        Saved("gate g: softplus input, softplus output, chunk cumsum (fp32)", Tm * FP32 * 3 * vh),
+        Saved("beta = sigmoid(b) (one tensor saved as beta and beta_raw)", Tm * BF16 * vh),
+        Saved("A: WY-representation inverse per 64-token chunk", Tm * BF16 * vh * GDN_CHUNK),
+        # FusedRMSNormGated (fla/modules/fused_norm_gate.py) saves its input o, the gate z (above) and rstd
+        Saved("kernel output o (gated-norm input)", Tm * BF16 * vd),
+        Saved("gated-norm rstd (fp32)", Tm * FP32 * vh),
+        Saved("gated-norm output (out_proj input)", Tm * BF16 * vd),
+    ]
+    saved += [Saved(x.name, x.bytes / mix_t) for x in per_head]
+    saved += _te_mlp(T, m, t, hd)
     in_n = conv + vd + 2 * vh
-    mlp_n = 2 * m.ffn
+    mlp_n = m.fc1_width
     gemm = (
         (2 * Tm * h * in_n / mix_t, min(Tm, h, in_n / mix_t)),
         (2 * Tm * vd * h / mix_t, min(Tm, h, vd / mix_t)),
         (2 * T * h * mlp_n / t, min(T, h, mlp_n / t)),
         (2 * T * m.ffn * h / t, min(T, h, m.ffn / t)),
     )
-    C, dk, dv = GDN_CHUNK, m.lin_k_dim, m.lin_v_dim
-    per_head = 6 * dk * dv + 2 * C * (3 * dk + 2 * dv) + C * C / 3  # slime-and-qwen.md 4.4
-    gdn = Tm * (vh / mix_t) * per_head + 2 * Tm * conv * m.conv_kernel / mix_t
+    C = GDN_CHUNK
+    per_head_flops = 6 * dk * dv + 2 * C * (3 * dk + 2 * dv) + C * C / 3  # slime-and-qwen.md 4.4
+    gdn = Tm * (vh / mix_t) * per_head_flops + 2 * Tm * conv * m.conv_kernel / mix_t
+    # backward: the FLA backward recomputes the chunk states h [T/64, H, dk, dv] and builds dh of the same
+    # shape, both in q.dtype (fla/ops/common/chunk_delta_h.py: h = k.new_empty, dh = q.new_empty), plus the
+    # gradients of the mixer's saved tensors (about their own size); or the MLP's gradients
+    states = 2 * Tm * BF16 * vh * dk * dv / C / mix_t
+    mixer_saved = sum(x.bytes for x in per_head) / mix_t
     p = m.gdn_layer()
+    # slime's HF GDN linears are plain nn.Linear: no TE gradient-accumulation fusion, so autograd materialises a
+    # bf16 .grad of the mixer weights before Megatron's DDP backward hook adds it into main_grad and frees it
+    # (megatron/core/distributed/distributed_data_parallel.py _make_backward_post_hook)
+    wgrad = BF16 * p.mixer_matrix if rep else 0.0
+    work = (max(states + mixer_saved + wgrad, _mlp_bwd_work(T, m, t)) + 2 * T * BF16 * h / hd
+            + T * BF16 * h * (hd > 1))
     if t > 1:
         # slime under SP: all-gather the input (fwd), all-gather the output grad (bwd) around the replicated
         # mixer; plus the MLP's 2 fwd / 2 exposed bwd collectives (slime_plugins hf_attention.py)
@@ -107,9 +246,9 @@ def _gdn(m: ModelSpec, e: Engine, s: Shape) -> LayerCost:
     cp_bytes = ((s.cp - 1) / s.cp * BF16 * Tm * h) if (s.cp > 1 and rep) else (
         2 * (s.cp - 1) / s.cp * BF16 * T * (conv + vd) / t if s.cp > 1 else 0.0)  # all-gather / all-to-all
     return LayerCost(
-        act_bytes=act, input_bytes=T * BF16 * h / hd, gemm=gemm, attn_flops=0.0, gdn_flops=gdn,
-        tp_coll_fwd=fwd, tp_coll_bwd=bwd, tp_coll_bytes=BF16 * T * h, tp_allreduce=not s.sp, cp_bytes=cp_bytes,
-        params_on_gpu=(p.mixer_matrix / mix_t) + p.mlp_matrix / t + p.vectors,
+        saved=tuple(saved), input_bytes=T * BF16 * h / hd, bwd_work_bytes=work, gemm=gemm, attn_flops=0.0,
+        gdn_flops=gdn, tp_coll_fwd=fwd, tp_coll_bwd=bwd, tp_coll_bytes=BF16 * T * h, tp_allreduce=not s.sp,
+        cp_bytes=cp_bytes, params_on_gpu=(p.mixer_matrix / mix_t) + p.mlp_matrix / t + p.vectors,
     )
 
 

@@ -1,16 +1,21 @@
 """Per-pipeline-stage peak GPU memory of a layout, in GiB, and the fit verdict.
 
-A stage's peak = weights + gradients + optimizer states (GPU share) + activations of the in-flight
-microbatches (1F1B or interleaved) under the recompute policy + the backward transient (one layer
-rebuilt by recompute, its gradients, the embedding's dense gradient on the first stage) + the logits
-and loss buffers on the last stage + fixed overheads. Formulas: reference
-megatron-memory-and-performance.md sections 1-5, slime-and-qwen.md 4.3.
+A stage's allocated peak (what ``torch.cuda.max_memory_allocated`` shows) = weights + gradients + optimizer
+states (GPU share) + the tensors each layer saves for backward (``attune.estimator.costs``: named per
+kernel, no global multiplier) for the in-flight microbatches of 1F1B / interleaved schedules under the
+recompute policy + the backward working set (one layer rebuilt by recompute, its gradients and kernel
+state; the embedding's dense gradient on the first stage) + the logits and loss buffers on the last stage
++ GEMM workspaces (and TE userbuffers with TP overlap). The reserved peak (``max_memory_reserved``) adds
+allocator fragmentation as a fraction of the allocated peak; the device holds on top the CUDA context and
+the NCCL buffers of every communicator the layout creates. The verdict compares that total with the GPU's
+memory. Formulas: reference megatron-memory-and-performance.md sections 1-5, slime-and-qwen.md 4.3.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from .coefficients import DEFAULT, Coefficients
 from attune.estimator.costs import BF16, FP32, Shape, layer_costs
@@ -19,6 +24,15 @@ from attune.spec.hardware import Cluster, GiB
 from attune.spec.placement import Batching, Placement, place, stage_params
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import FULL, LINEAR, ModelSpec
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+"""Bytes per element of the optimizer-state dtypes (``--exp-avg-dtype`` / ``--exp-avg-sq-dtype``)."""
+
+# TE userbuffers (--tp-comm-overlap): megatron-core's _initialize_tp_communicators allocates one buffer per
+# overlapped GEMM input/output of the full-sequence shape [seq x mbs, hidden] in bf16: qkv and fc1 all-gathers,
+# proj and fc2 reduce-scatters, and their dgrad/wgrad counterparts; about 6 such buffers are alive
+# [unverified count; transformer_engine/pytorch/module/base.py initialize_ub].
+TP_OVERLAP_BUFFERS = 6
 
 
 @dataclass
@@ -31,12 +45,30 @@ class StageMemory:
     optimizer_gib: float
     activations_gib: float
     logits_gib: float
-    overhead_gib: float
+    overhead_gib: float  # the sum of ``overheads``
     host_optimizer_gib: float  # optimizer state moved to host memory by CPU offload
     inflight_microbatches: float
+    overheads: dict[str, float] = field(default_factory=dict)
+    """Named fixed and proportional terms, GiB: gemm_workspaces, tp_overlap_buffers, optimizer_step_peak (the
+    optimizer step's excess over the forward/backward peak, when it has one; inside the allocator),
+    fragmentation (reserved - allocated), cuda_context and nccl_buffers (outside the allocator)."""
+
+    @property
+    def allocated_gib(self) -> float:
+        """Peak allocated by PyTorch's caching allocator (``torch.cuda.max_memory_allocated``)."""
+        return (self.weights_gib + self.grads_gib + self.optimizer_gib + self.activations_gib + self.logits_gib
+                + self.overheads.get("gemm_workspaces", 0.0) + self.overheads.get("tp_overlap_buffers", 0.0)
+                + self.overheads.get("optimizer_step_peak", 0.0))
+
+    @property
+    def reserved_gib(self) -> float:
+        """Peak reserved by the allocator (``torch.cuda.max_memory_reserved``): allocated + fragmentation."""
+        return self.allocated_gib + self.overheads.get("fragmentation", 0.0)
 
     @property
     def total_gib(self) -> float:
+        """What the device holds at the peak and the verdict compares with its memory: the reserved peak plus
+        the CUDA context and NCCL buffers outside the allocator (what nvidia-smi shows)."""
         return (self.weights_gib + self.grads_gib + self.optimizer_gib + self.activations_gib + self.logits_gib
                 + self.overhead_gib)
 
@@ -44,11 +76,13 @@ class StageMemory:
         return {
             "stage": self.stage, "layers": self.layers, "params": int(self.params),
             "total_gib": round(self.total_gib, 3),
+            "allocated_gib": round(self.allocated_gib, 3), "reserved_gib": round(self.reserved_gib, 3),
             "breakdown": {
                 "weights_gib": round(self.weights_gib, 3), "grads_gib": round(self.grads_gib, 3),
                 "optimizer_gib": round(self.optimizer_gib, 3), "activations_gib": round(self.activations_gib, 3),
                 "logits_gib": round(self.logits_gib, 3), "overhead_gib": round(self.overhead_gib, 3),
             },
+            "overheads_gib": {k: round(v, 3) for k, v in self.overheads.items()},
             "host_optimizer_gib": round(self.host_optimizer_gib, 3),
             "inflight_microbatches": round(self.inflight_microbatches, 2),
         }
@@ -66,6 +100,16 @@ class MemoryEstimate:
     @property
     def peak_gib(self) -> float:
         return max(s.total_gib for s in self.stages)
+
+    @property
+    def peak_allocated_gib(self) -> float:
+        """The largest stage's allocated peak (``max_memory_allocated``)."""
+        return max(s.allocated_gib for s in self.stages)
+
+    @property
+    def peak_reserved_gib(self) -> float:
+        """The largest stage's reserved peak (``max_memory_reserved``)."""
+        return max(s.reserved_gib for s in self.stages)
 
     @property
     def peak_stage(self) -> int:
@@ -95,24 +139,100 @@ class MemoryEstimate:
         return f"does not fit: {where} > {self.capacity_gib:.1f} GiB capacity"
 
 
-def optimizer_bytes(layout: Layout, fp32_training: bool = False) -> tuple[float, float, float, float]:
+def optimizer_bytes(layout: Layout, fp32_training: bool = False, *, grad_reduce_in_bf16: bool = False,
+                    exp_avg_dtype: str = "fp32", exp_avg_sq_dtype: str = "fp32") -> tuple[float, float, float, float]:
     """(weight, grad, GPU optimizer, host optimizer) bytes per parameter held by a GPU.
 
-    Megatron's table (docs dist_optimizer.md): bf16 params 2 + fp32 main grads 4 + fp32 master, m, v 12
-    sharded over DP x CP with the distributed optimizer. The precision-aware optimizer keeps a 16-bit
-    remainder instead of the fp32 master (2 + 4 + 4). CPU offload moves a fraction of the shard to pinned
-    host memory as fp32 param, grad, m, v (16 bytes; cpu_offloading/hybrid_optimizer.py).
+    * bf16 (Megatron-LM, Megatron-Bridge, slime): bf16 params 2 + fp32 main grads 4 (Megatron-LM turns
+      accumulate-allreduce-grads-in-fp32 on for bf16, arguments.py; Megatron-Bridge's bf16_mixed sets
+      grad_reduce_in_fp32) + fp32 master, m, v 12, sharded over DP x CP with the distributed optimizer
+      (docs dist_optimizer.md: 6 + 12/d).
+    * ``--grad-reduce-in-bf16``: a bf16 grad buffer (2) and an fp32 copy of the optimizer's grad shard
+      (2 + 2 + 16/d; reference 4.2).
+    * precision-aware optimizer (TE FusedAdam): the master weight as a 16-bit remainder
+      (store_param_remainders, default on) and m, v in ``exp_avg_dtype`` / ``exp_avg_sq_dtype``
+      (2 + G + (2 + Ea + Es)/d; reference 4.3); bf16 main grads with ``--grad-reduce-in-bf16``.
+      The dtype options are numerics-class flags, not Layout fields: callers pass them here; the estimator
+      uses Megatron's defaults (fp32 grads, fp32 moments).
+    * fp16: fp16 params and grads, the optimizer keeps fp32 master, m, v and an fp32 grad copy (4 + 16/d,
+      dist_optimizer.md); the dynamic loss scaler is a scalar and holds no per-parameter memory.
+    * CPU offload moves a fraction of the optimizer shard to pinned host memory as fp32 param, grad, m, v
+      (16 bytes; cpu_offloading/hybrid_optimizer.py).
     """
     d = layout.dp * layout.cp if layout.distributed_optimizer else 1
-    if fp32_training:  # the torch runner on CPU: fp32 params and grads, Adam m and v (ZeroRedundancyOptimizer)
+    grad_reduce_in_bf16 = grad_reduce_in_bf16 and layout.precision != "fp16"
+    if fp32_training:  # the torch runner: fp32 params and grads, Adam m and v (ZeroRedundancyOptimizer)
         return FP32, FP32, 8 / d, 0.0
-    states = (2 + 4 + 4) if layout.precision_aware_optimizer else (4 + 4 + 4)
-    grad = FP32
-    if layout.precision == "fp16" and not layout.precision_aware_optimizer:
-        # fp16 params and grads; the optimizer keeps an fp32 copy of its grad shard: 4 + 16/d (dist_optimizer.md)
-        grad, states = BF16, 4 + 4 + 4 + 4
+    if layout.precision_aware_optimizer:
+        grad = BF16 if grad_reduce_in_bf16 else FP32
+        states = BF16 + DTYPE_BYTES[exp_avg_dtype] + DTYPE_BYTES[exp_avg_sq_dtype]
+    elif layout.precision == "fp16" or grad_reduce_in_bf16:
+        grad, states = BF16, FP32 * 4
+    else:
+        grad, states = FP32, FP32 * 3
     frac = layout.offload_fraction if layout.optimizer_cpu_offload else 0.0
     return BF16, grad, (1 - frac) * states / d, frac * 16 / d
+
+
+def step_grad_copy_bytes(layout: Layout, fp32_training: bool = False, *, grad_reduce_in_bf16: bool = False) -> float:
+    """Of ``optimizer_bytes``' GPU optimizer bytes per parameter: the fp32 copy of a 16-bit gradient that exists
+    only during the optimizer step. megatron-core makes it in ``_copy_model_grads_to_main_grads``
+    (optimizer.py: ``main_param.grad = model_param.main_grad.float()``; the distributed optimizer the same for
+    its shard) and frees it in ``zero_grad(set_to_none=True)`` at the start of the next step
+    (training.py train_step), before any activation exists: it does not add to the activation peak."""
+    if fp32_training or layout.precision_aware_optimizer:
+        return 0.0
+    if layout.precision != "fp16" and not grad_reduce_in_bf16:
+        return 0.0
+    d = layout.dp * layout.cp if layout.distributed_optimizer else 1
+    frac = layout.offload_fraction if layout.optimizer_cpu_offload else 0.0
+    return (1 - frac) * FP32 / d
+
+
+def communicators(layout: Layout, stage: int, cluster: Cluster) -> list[tuple[str, int, bool]]:
+    """(group, ranks, intra-NVLink-domain) of every NCCL communicator of more than one rank that a GPU of
+    ``stage`` joins (megatron/core/parallel_state.py initialize_model_parallel; PyTorch creates the NCCL
+    communicator lazily on a group's first collective, so groups of one rank cost nothing)."""
+    span = cluster.gpu.nvlink_span
+    tp, cp, dp, pp = layout.tp, layout.cp, layout.dp, layout.pp
+    groups = [
+        ("tp", tp, tp <= span),  # TP collectives
+        ("cp", cp, tp * cp <= span),  # CP ring exchange
+        ("dp_cp", dp * cp, tp * cp * dp <= span),  # gradient reduce-scatter / all-reduce, param all-gather
+        ("pp", pp, layout.world_size <= span),  # pipeline send/receive
+        ("model_parallel", tp * pp, tp * pp * (cp if cp > 1 else 1) <= span),  # grad-norm / loss all-reduces
+        ("world", layout.world_size, layout.world_size <= span),  # barriers, global reductions
+    ]
+    if cp > 1 and dp > 1:
+        groups.append(("dp", dp, tp * cp * dp <= span))  # the DP-only group (data-loader / loss averaging)
+    if pp > 1 and stage in (0, pp - 1):
+        groups.append(("embedding", 2, layout.world_size <= span))  # first and last stage: tied embedding grads
+    return [g for g in groups if g[1] > 1]
+
+
+def fixed_overheads(layout: Layout, workload: Workload, engine: Engine, cluster: Cluster, stage: int,
+                    model: ModelSpec, coef: Coefficients) -> dict[str, float]:
+    """The named terms that do not scale with the allocated peak, GiB (fragmentation is added by the caller)."""
+    return dict(_fixed_overheads(layout, workload, engine, cluster, stage, model, coef))
+
+
+@lru_cache(maxsize=65536)
+def _fixed_overheads(layout: Layout, workload: Workload, engine: Engine, cluster: Cluster, stage: int,
+                     model: ModelSpec, coef: Coefficients) -> dict[str, float]:
+    if cluster.gpu.is_cpu:
+        return {"process": coef.cpu_process_overhead_gib}
+    out = {"cuda_context": coef.cuda_context_gib, "gemm_workspaces": coef.gemm_workspace_gib}
+    nccl = 0.0
+    nvls_on = engine.nvls and cluster.gpu.nvls
+    for name, ranks, intra in communicators(layout, stage, cluster):
+        nccl += coef.nccl_buffers_gib_per_comm
+        if nvls_on and intra and name != "pp":  # NVLS serves collectives, not point-to-point
+            nccl += coef.nccl_nvls_gib_per_comm
+    out["nccl_buffers"] = nccl
+    if layout.tp > 1 and layout.sp and (layout.tp_comm_overlap or engine.recipe_tp_comm_overlap):
+        tokens = workload.seq_length * layout.micro_batch_size // layout.cp
+        out["tp_overlap_buffers"] = TP_OVERLAP_BUFFERS * BF16 * tokens * model.hidden / GiB
+    return out
 
 
 def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workload, engine: Engine,
@@ -124,56 +244,78 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload
     costs = layer_costs(model, engine, shape)
     cpu = cluster.gpu.is_cpu
     # the torch runner keeps fp32 parameters (bf16 autocast on GPU, fp32 on CPU); Megatron/slime keep bf16 ones
-    w_b, g_b, o_b, h_b = optimizer_bytes(layout, fp32_training=cpu or engine.attune_trainer)
-    act_scale = 2.0 if cpu else 1.0  # activations are fp32 on CPU, bf16 on GPU
+    fp32_training = cpu or engine.attune_trainer
+    bf16_grads = not engine.grad_reduce_in_fp32
+    w_b, g_b, o_b, h_b = optimizer_bytes(layout, fp32_training=fp32_training, grad_reduce_in_bf16=bf16_grads)
+    copy_b = step_grad_copy_bytes(layout, fp32_training, grad_reduce_in_bf16=bf16_grads)
+    o_b -= copy_b  # held during forward/backward; the copy is the optimizer step's own peak (below)
+    selective = layout.recompute_granularity == "selective"
+    act_scale = FP32 / BF16 if cpu else 1.0  # activations are fp32 on CPU workers, bf16 on GPUs
+    frag = 0.0 if cpu else (coef.fragmentation_expandable if engine.expandable_segments else coef.fragmentation)
     stages: list[StageMemory] = []
     rec_full = layout.recompute_granularity == "full"
     n_rec = layout.recompute_num_layers or 0
+    full = costs[FULL]
+    # selective recompute of core attention: FlashAttention already keeps no s x s matrix, so it frees nothing
+    # but the attention-internal tensors it re-creates (its output and LSE are rebuilt): the saved set stays
+    # the same with FlashAttention (reference 2.1), so selective keeps the counts above.
     for st in pl.stages:
         r = st.rank
         stored = 0.0  # activation bytes of one microbatch through all of this rank's chunks
-        worst_layer = 0.0
+        work = 0.0  # the backward working set of the worst layer
         rebuilt = 0.0  # bytes rebuilt at once during a recomputed backward
         for ch in st.chunks:
             a, n_full, n_lin = ch.start, ch.full, ch.linear
-            kinds = [costs[FULL]] + ([costs[LINEAR]] if n_lin else [])
+            kinds = [full] + ([costs[LINEAR]] if n_lin else [])
             worst = max(k.act_bytes for k in kinds)
-            worst_layer = max(worst_layer, worst)
+            work = max(work, max(k.bwd_work_bytes for k in kinds))
             if not rec_full:
-                stored += n_full * costs[FULL].act_bytes + (n_lin * costs[LINEAR].act_bytes if n_lin else 0)
+                f_bytes = full.act_bytes - (full.selective_freed_bytes if selective else 0.0)
+                stored += n_full * f_bytes + (n_lin * costs[LINEAR].act_bytes if n_lin else 0)
                 continue
             n = ch.layers
             if layout.recompute_method == "block":
                 k = min(n_rec, n)  # the first k layers of each chunk keep only their input
                 f_rec, l_rec = model.count_types(a, a + k)
                 f_keep, l_keep = n_full - f_rec, n_lin - l_rec
-                stored += (k * costs[FULL].input_bytes
-                           + f_keep * costs[FULL].act_bytes + (l_keep * costs[LINEAR].act_bytes if l_keep else 0))
+                stored += (k * full.input_bytes
+                           + f_keep * full.act_bytes + (l_keep * costs[LINEAR].act_bytes if l_keep else 0))
                 if k:
                     rebuilt = max(rebuilt, worst)
             else:  # uniform: every group of n_rec layers keeps its input; a whole group is rebuilt in backward
                 groups = math.ceil(n / n_rec)
-                stored += groups * costs[FULL].input_bytes
+                stored += groups * full.input_bytes
                 rebuilt = max(rebuilt, min(n_rec, n) * worst)
         first, last = st.is_first, st.is_last
         params = stage_params(model, layout, r, lambda kind: costs[kind].params_on_gpu, st.ranges)
         inflight = st.inflight
-        # backward transient: the layer being differentiated (rebuilt if recomputed) plus its gradients,
-        # about one more layer's worth; the embedding's dense bf16 gradient on the first stage
-        transient = rebuilt + worst_layer
+        # backward transient: the layer being differentiated (rebuilt if recomputed) plus its gradient working
+        # set; on the first stage the embedding's dense bf16 weight gradient (megatron-core
+        # VocabParallelEmbedding backward) before it is added into the main-grad buffer
+        transient = rebuilt + work
         if first:
             transient = max(transient, BF16 * model.embedding_params / layout.tp)
-        acts = act_scale * coef.activation_factor * (inflight * stored + transient)
+        acts = act_scale * (inflight * stored + transient)
         logits = 0.0
-        if last:
+        if last and model.vocab:  # a model counted without its output layer (vocab 0) has no logits
             logits = engine.logits_bytes_per_element * b.tokens_per_gpu * model.vocab / layout.tp
             logits += BF16 * b.tokens_per_gpu * model.hidden  # output-layer input
+        over = fixed_overheads(layout, workload, engine, cluster, r, model, coef)
+        allocated = (params * (w_b + g_b + o_b) + acts + logits) / GiB + over.get("gemm_workspaces", 0.0) + over.get(
+            "tp_overlap_buffers", 0.0)
+        # the optimizer step's peak: the states plus the fp32 grad copies, no activations; it sets the stage's
+        # peak only when it exceeds the forward/backward one
+        step_peak = params * (w_b + g_b + o_b + copy_b) / GiB + over.get("gemm_workspaces", 0.0)
+        if step_peak > allocated:
+            over["optimizer_step_peak"] = step_peak - allocated
+            allocated = step_peak
+        if not cpu:
+            over["fragmentation"] = frag * allocated
         stages.append(StageMemory(
             stage=r, layers=st.layers, params=params,
             weights_gib=params * w_b / GiB, grads_gib=params * g_b / GiB, optimizer_gib=params * o_b / GiB,
-            activations_gib=acts / GiB, logits_gib=logits / GiB,
-            overhead_gib=coef.cpu_process_overhead_gib if cpu else coef.fixed_overhead_gib,
-            host_optimizer_gib=params * h_b / GiB, inflight_microbatches=inflight,
+            activations_gib=acts / GiB, logits_gib=logits / GiB, overhead_gib=sum(over.values()),
+            host_optimizer_gib=params * h_b / GiB, inflight_microbatches=inflight, overheads=over,
         ))
     # host memory per node: GPUs of a node are spread over stages; take the mean stage times GPUs per node
     per_gpu_host = sum(s.host_optimizer_gib for s in stages) / len(stages)

@@ -2,10 +2,12 @@
 
 Per microbatch and stage: GEMMs at a shape-dependent efficiency, softmax-attention and Gated DeltaNet
 kernels, memory-bound elementwise work at HBM bandwidth, recompute as extra forward work, TP/SP/CP
-collectives and PP sends at link bandwidth. Then the pipeline schedule (1F1B or interleaved) with uneven
-stages, the DP gradient reduce-scatter and parameter all-gather, the optimizer step on the GPU or on the
-CPU with its PCIe copies, and a fixed per-step overhead. Formulas: reference
-megatron-memory-and-performance.md sections 6-8.
+collectives (hidden under their GEMMs with TE userbuffers) and PP sends (hidden with interleaved 1F1B's
+p2p overlap). Then the pipeline schedule (1F1B or interleaved) with uneven stages, the DP gradient
+reduce-scatter and parameter all-gather (bucket by bucket under the last backward / first forward when
+the overlap flags are on), the optimizer step on the GPU or on the CPU with its PCIe copies, and a
+per-step overhead. ``PerfEstimate.breakdown`` is the step as a sum a user can check against a profile.
+Formulas: reference megatron-memory-and-performance.md sections 6-8.
 """
 
 from __future__ import annotations
@@ -22,6 +24,19 @@ from attune.spec.layout import Layout, Workload
 from attune.spec.placement import Placement, place, stage_params
 from attune.spec.model import FULL, LINEAR, ModelSpec
 
+# megatron-core DistributedDataParallelConfig.bucket_size default: max(40,000,000, 1,000,000 x DP) parameters
+DDP_BUCKET_MIN_PARAMS = 40_000_000
+DDP_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
+# CPU AdamW (torch fused, fp32): reads param, grad, m, v (16 bytes) and writes param, m, v (12) per parameter
+CPU_ADAM_BYTES_PER_PARAM = 28
+# PCIe per offloaded parameter per step: the fp32 grad shard down and the fp32 param up (reference 4.4)
+OFFLOAD_PCIE_BYTES_PER_PARAM = FP32 + FP32
+
+PARTS = ("fwd_gemm", "fwd_attention", "fwd_gdn", "fwd_memory", "bwd_gemm", "bwd_attention", "bwd_gdn",
+         "bwd_memory", "recompute", "tp_comm", "cp_comm", "pp_comm")
+"""Per-microbatch parts of a stage's time: compute by kind, recompute, exposed communication by kind."""
+COMM_PARTS = ("tp_comm", "cp_comm", "pp_comm")
+
 
 @dataclass
 class StageTime:
@@ -30,6 +45,40 @@ class StageTime:
     backward_s: float  # including recompute
     compute_s: float
     comm_s: float
+    parts: dict[str, float] = field(default_factory=dict)
+    """One microbatch's time by PARTS, seconds; sums to forward_s + backward_s."""
+
+
+@dataclass
+class StepBreakdown:
+    """The step as a sum of terms a profile shows, on the pipeline stage that sets the pace."""
+
+    critical_stage: int
+    """The stage with the longest per-microbatch time."""
+    microbatches: int
+    """Microbatches per step per DP rank."""
+    compute_s: dict[str, float]
+    """Critical stage, all microbatches: fwd_/bwd_ gemm, attention, gdn, memory and recompute, seconds."""
+    exposed_comm_s: dict[str, float]
+    """Communication not hidden under compute: tp, cp, pp (critical stage, all microbatches) and dp, seconds."""
+    bubble_s: float
+    """Pipeline fill and drain (and waiting on slower stages), seconds."""
+    optimizer_s: float
+    """Optimizer step on the GPU and/or the CPU with its copies, seconds."""
+    overhead_s: float
+    """The engine's per-step overhead outside forward/backward, seconds."""
+
+    @property
+    def total_s(self) -> float:
+        return (sum(self.compute_s.values()) + sum(self.exposed_comm_s.values()) + self.bubble_s + self.optimizer_s
+                + self.overhead_s)
+
+    def to_dict(self) -> dict:
+        return {"critical_stage": self.critical_stage, "microbatches": self.microbatches,
+                "compute_s": {k: round(v, 5) for k, v in self.compute_s.items()},
+                "exposed_comm_s": {k: round(v, 5) for k, v in self.exposed_comm_s.items()},
+                "bubble_s": round(self.bubble_s, 5), "optimizer_s": round(self.optimizer_s, 5),
+                "overhead_s": round(self.overhead_s, 5), "total_s": round(self.total_s, 5)}
 
 
 @dataclass
@@ -44,9 +93,10 @@ class PerfEstimate:
     optimizer_s: float
     overhead_s: float
     stages: list[StageTime] = field(default_factory=list)
+    breakdown: StepBreakdown | None = None
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "step_time_s": round(self.step_time_s, 4),
             "tokens_per_s_per_gpu": round(self.tokens_per_s_per_gpu, 2),
             "mfu": round(self.mfu, 4),
@@ -57,8 +107,12 @@ class PerfEstimate:
                 "overhead_s": round(self.overhead_s, 4),
             },
             "stages": [{"stage": s.stage, "forward_s": round(s.forward_s, 5), "backward_s": round(s.backward_s, 5),
-                        "compute_s": round(s.compute_s, 5), "comm_s": round(s.comm_s, 5)} for s in self.stages],
+                        "compute_s": round(s.compute_s, 5), "comm_s": round(s.comm_s, 5),
+                        "parts_s": {k: round(v, 6) for k, v in s.parts.items()}} for s in self.stages],
         }
+        if self.breakdown is not None:
+            out["step"] = self.breakdown.to_dict()
+        return out
 
 
 def gemm_efficiency(min_dim: float, coef: Coefficients) -> float:
@@ -69,27 +123,39 @@ def gemm_efficiency(min_dim: float, coef: Coefficients) -> float:
 def _link_gbps(group: int, stride: int, cluster: Cluster, coef: Coefficients) -> float:
     """Achieved bandwidth per GPU for a collective over `group` ranks `stride` apart."""
     span = group * stride
-    if span <= cluster.gpus_per_node:
+    if span <= max(cluster.gpus_per_node, cluster.gpu.nvlink_domain):
         return cluster.gpu.nvlink_gbps * coef.nvlink_efficiency
     per_gpu_net = cluster.gpu.internode_gbps / cluster.gpus_per_node
     return per_gpu_net * coef.network_efficiency
 
 
-def _layer_time(c: LayerCost, peak: float, hbm: float, tp_bw: float, cp_bw: float, tp: int,
-                coef: Coefficients) -> tuple[float, float, float, float]:
-    """(forward compute s, forward comm s, backward compute s, backward comm s) of one layer, one microbatch."""
+def _layer_parts(c: LayerCost, peak: float, hbm: float, tp_bw: float, cp_bw: float, tp: int, tp_overlap: bool,
+                 coef: Coefficients) -> dict[str, float]:
+    """One layer, one microbatch: forward and backward compute by kind and exposed comm, seconds."""
     gemm = sum(fl / (peak * gemm_efficiency(d, coef)) for fl, d in c.gemm)
     attn = c.attn_flops / (peak * coef.attention_efficiency)
     gdn = c.gdn_flops / (peak * coef.gdn_kernel_efficiency)
     mem = coef.memory_passes * c.act_bytes / (hbm * coef.hbm_efficiency)
-    fwd = gemm + attn + gdn + mem
-    bwd = 2 * gemm + 2.5 * attn + 2 * gdn + 2 * mem  # dgrad + wgrad; FA backward does 5 GEMMs to forward's 2
     per = 0.0
     if tp > 1:
         vol = (tp - 1) / tp * c.tp_coll_bytes * (2 if c.tp_allreduce else 1)
         per = vol / tp_bw + coef.collective_latency_s
+    tp_f, tp_b = c.tp_coll_fwd * per, c.tp_coll_bwd * per
+    if tp_overlap:
+        # TE userbuffers split each TP all-gather / reduce-scatter into TP chunks pipelined with the adjacent
+        # GEMM's chunks: only what the GEMMs cannot cover stays exposed (TE module/base.py, userbuffers)
+        tp_f, tp_b = max(0.0, tp_f - gemm), max(0.0, tp_b - 2 * gemm)
     cp = c.cp_bytes / cp_bw if c.cp_bytes else 0.0
-    return fwd, c.tp_coll_fwd * per + cp, bwd, c.tp_coll_bwd * per + 2 * cp
+    # dgrad + wgrad: 2x the forward GEMMs; FlashAttention backward attention_backward_ratio x its forward
+    return {"fwd_gemm": gemm, "fwd_attention": attn, "fwd_gdn": gdn, "fwd_memory": mem,
+            "bwd_gemm": 2 * gemm, "bwd_attention": coef.attention_backward_ratio * attn, "bwd_gdn": 2 * gdn,
+            "bwd_memory": coef.backward_memory_ratio * mem, "tp_fwd": tp_f, "tp_bwd": tp_b, "cp_fwd": cp,
+            "cp_bwd": 2 * cp}
+
+
+_TIMES: dict[tuple, tuple[dict, dict]] = {}
+"""Per-layer times by (layer costs, peak, bandwidths, TP, overlap, coefficients): the search estimates many
+layouts sharing a (model, engine, shape), so each layer kind is timed once per shape and link speed."""
 
 
 def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workload, engine: Engine,
@@ -106,7 +172,15 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
     costs = layer_costs(model, engine, shape)
     tp_bw = _link_gbps(layout.tp, 1, cluster, coef) * 1e9
     cp_bw = _link_gbps(layout.cp, layout.tp, cluster, coef) * 1e9
-    times = {k: _layer_time(c, peak, hbm, tp_bw, cp_bw, layout.tp, coef) for k, c in costs.items()}
+    tp_overlap = layout.tp > 1 and layout.sp and (layout.tp_comm_overlap or engine.recipe_tp_comm_overlap)
+    key = (id(costs), peak, hbm, tp_bw, cp_bw, layout.tp, tp_overlap, coef)
+    hit = _TIMES.get(key)
+    if hit is None or hit[0] is not costs:  # the held reference makes an id reused after eviction a miss
+        if len(_TIMES) > 8192:
+            _TIMES.clear()
+        hit = _TIMES[key] = (costs, {k: _layer_parts(c, peak, hbm, tp_bw, cp_bw, layout.tp, tp_overlap, coef)
+                                     for k, c in costs.items()})
+    times = hit[1]
     rec_full = layout.recompute_granularity == "full"
     n_rec = layout.recompute_num_layers or 0
     p, v, m = layout.pp, layout.vpp, b.microbatches
@@ -115,10 +189,14 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
     stride = layout.tp * layout.cp * layout.dp
     pp_bw = _link_gbps(2, stride, cluster, coef) * 1e9
     pp_send = pp_bytes / pp_bw + coef.collective_latency_s if p > 1 else 0.0
+    if v > 1 and engine.overlap_p2p_interleaved:
+        # interleaved 1F1B posts its sends/receives asynchronously under the next chunk's compute: what stays
+        # exposed per chunk boundary is a fitted fraction (coefficients.py)
+        pp_send *= coef.interleaved_p2p_exposed
     stages: list[StageTime] = []
     for st in pl.stages:
         r = st.rank
-        fwd = bwd = comm = 0.0
+        parts = dict.fromkeys(PARTS, 0.0)
         for ch in st.chunks:
             a, n_full, n_lin = ch.start, ch.full, ch.linear
             k = min(n_rec, ch.layers) if (rec_full and layout.recompute_method == "block") else (ch.layers if rec_full else 0)
@@ -126,60 +204,102 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
             for kind, n, n_r in ((FULL, n_full, f_rec), (LINEAR, n_lin, l_rec)):
                 if not n:
                     continue
-                f_c, f_m, b_c, b_m = times[kind]
-                fwd += n * (f_c + f_m)
-                bwd += n * (b_c + b_m) + n_r * (f_c + f_m)  # recompute: one more forward, its collectives too
-                comm += n * (f_m + b_m) + n_r * f_m
+                t = times[kind]
+                for key in ("gemm", "attention", "gdn", "memory"):
+                    parts["fwd_" + key] += n * t["fwd_" + key]
+                    parts["bwd_" + key] += n * t["bwd_" + key]
+                # recompute: one more forward of the recomputed layers, their collectives too
+                parts["recompute"] += n_r * (t["fwd_gemm"] + t["fwd_attention"] + t["fwd_gdn"] + t["fwd_memory"])
+                parts["tp_comm"] += (n + n_r) * t["tp_fwd"] + n * t["tp_bwd"]
+                parts["cp_comm"] += (n + n_r) * t["cp_fwd"] + n * t["cp_bwd"]
             if layout.recompute_granularity == "selective":
-                sel = n_full * costs[FULL].attn_flops / (peak * coef.attention_efficiency)
-                bwd += sel
-            fwd += pp_send
-            bwd += pp_send
-            comm += 2 * pp_send
-        if r == p - 1:
+                parts["recompute"] += n_full * times[FULL]["fwd_attention"]  # core attention re-run in backward
+            parts["pp_comm"] += 2 * pp_send
+        if r == p - 1 and model.vocab:  # a row counting the transformer layers only has no output layer
             fl, d = logits_flops(model, shape)
             t_gemm = fl / (peak * gemm_efficiency(d, coef))
             # softmax / log-prob / entropy over [tokens, vocab/TP] in fp32: several passes over HBM
             t_mem = coef.memory_passes * engine.logits_bytes_per_element * b.tokens_per_gpu * model.vocab / layout.tp / (
                 hbm * coef.hbm_efficiency)
-            fwd += t_gemm + t_mem
-            bwd += 2 * t_gemm + t_mem
+            parts["fwd_gemm"] += t_gemm
+            parts["fwd_memory"] += t_mem
+            parts["bwd_gemm"] += 2 * t_gemm
+            parts["bwd_memory"] += t_mem
         if r == 0:
-            fwd += BF16 * b.tokens_per_gpu * model.hidden / (hbm * coef.hbm_efficiency)  # embedding gather
-        stages.append(StageTime(r, fwd, bwd, fwd + bwd - comm, comm))
+            parts["fwd_memory"] += BF16 * b.tokens_per_gpu * model.hidden / (hbm * coef.hbm_efficiency)  # embedding
+        fwd = sum(parts[k] for k in PARTS if k.startswith("fwd_")) + sum(
+            times[kind]["tp_fwd"] * n + times[kind]["cp_fwd"] * n
+            for ch in st.chunks for kind, n in ((FULL, ch.full), (LINEAR, ch.linear)) if n) + pp_send * len(st.chunks)
+        total = sum(parts.values())
+        comm = sum(parts[k] for k in COMM_PARTS)
+        stages.append(StageTime(r, fwd, total - fwd, total - comm, comm, parts))
     per_mb = [s.forward_s + s.backward_s for s in stages]
     slowest = max(per_mb)
+    crit = per_mb.index(slowest)
     # 1F1B with uneven stages: sum over stages + (M - 1) x slowest (reference section 8.1); interleaving
     # divides the fill/drain by v.
     pipeline = m * slowest + (sum(per_mb) - slowest) / v
     bubble = pipeline - m * sum(per_mb) / p
 
-    # DP: gradient reduce-scatter (fp32) + parameter all-gather (bf16) with the distributed optimizer, else an
-    # fp32 all-reduce; over DP x CP ranks. slime does not overlap them (no --overlap-grad-reduce in its scripts).
+    # DP over DP x CP ranks: gradient reduce-scatter in the grad dtype + parameter all-gather in bf16 with the
+    # distributed optimizer, else an all-reduce of the grads. Without the overlap flags both run after the
+    # last backward (finalize_model_grads) and before the next forward; with --overlap-grad-reduce the buckets
+    # are reduced as the last microbatch's backward produces them (and, on stages after the first, during the
+    # pipeline drain: megatron-core disables bucketing there since it is off the critical path), with
+    # --overlap-param-gather the all-gathers run under the first forward (distributed_data_parallel.py).
     params = [stage_params(model, layout, st.rank, lambda kind: costs[kind].params_on_gpu, st.ranges)
               for st in pl.stages]
     d = layout.dp * layout.cp
+    # the grad buffer's dtype (memory.py): fp32 main grads on Megatron-LM's bf16 path, 16-bit with fp16 or where
+    # the engine reduces in bf16 (Megatron-Bridge / NeMo performance launches)
+    grad_bytes = BF16 if (layout.precision == "fp16" or not engine.grad_reduce_in_fp32) else FP32
+    ov_grad = layout.overlap_grad_reduce or engine.recipe_overlap_grad_reduce
+    ov_param = (layout.overlap_param_gather or engine.recipe_overlap_param_gather) and layout.distributed_optimizer
     dp_s = 0.0
     if d > 1:
         bw = _link_gbps(d, layout.tp, cluster, coef) * 1e9
-        vol = (d - 1) / d * (FP32 + BF16 if layout.distributed_optimizer else 2 * FP32)
-        dp_s = max(params) * vol / bw + 2 * coef.collective_latency_s
-        dp_s *= 1.0 if engine.name != "megatron" else 0.3  # Megatron recipes overlap grad reduce / param gather
-    # optimizer step
+        bucket = max(DDP_BUCKET_MIN_PARAMS, DDP_BUCKET_PARAMS_PER_DP_RANK * d)
+        drain = 0.0
+        for i, st in enumerate(stages):
+            n_buckets = max(1.0, params[i] / bucket)
+            if layout.distributed_optimizer:
+                t_rs = params[i] * (d - 1) / d * grad_bytes / bw + coef.collective_latency_s
+                t_ag = params[i] * (d - 1) / d * BF16 / bw + coef.collective_latency_s
+            else:
+                t_rs, t_ag = 2 * params[i] * (d - 1) / d * grad_bytes / bw + coef.collective_latency_s, 0.0
+            if ov_grad:
+                t_rs = max(t_rs - st.backward_s - drain, t_rs / n_buckets)
+            if ov_param:
+                t_ag = max(t_ag - st.forward_s, t_ag / n_buckets)
+            dp_s = max(dp_s, t_rs + t_ag)
+            drain += st.backward_s
+    # optimizer step on the GPU: HBM traffic per parameter of the shard: read the grad, read and write the
+    # master (or its 16-bit remainder), m and v, write the bf16 param (Adam: 4 + 2 x 12 + 2 = 30 bytes for the
+    # default bf16 path)
     shard = max(params) / (d if layout.distributed_optimizer else 1)
     frac = layout.offload_fraction if layout.optimizer_cpu_offload else 0.0
-    gpu_opt = (1 - frac) * shard * 30 / (hbm * coef.hbm_efficiency)  # Adam: ~30 bytes of HBM traffic per param
+    if layout.precision_aware_optimizer:
+        states, g = BF16 + 2 * FP32, FP32  # 16-bit master remainder, fp32 m and v (Megatron's defaults)
+    else:
+        states, g = 3 * FP32, grad_bytes
+    gpu_opt = (1 - frac) * shard * (g + 2 * states + BF16) / (hbm * coef.hbm_efficiency)
     cpu_opt = 0.0
     if frac:
         host_params = frac * sum(params) / p / (d if layout.distributed_optimizer else 1) * cluster.gpus_per_node
-        # CPU AdamW over fp32 p, g, m, v: read 16 + write 12 bytes per param, the node's GPUs sharing host DRAM
-        cpu_compute = host_params * 28 / (gpu.host_mem_gbps * 1e9 * coef.host_optimizer_efficiency)
-        pcie = frac * shard * (FP32 + FP32) / (gpu.pcie_gbps * 1e9)  # grads down, params up
+        # CPU AdamW over fp32 p, g, m, v, the node's GPUs sharing host DRAM
+        cpu_compute = host_params * CPU_ADAM_BYTES_PER_PARAM / (gpu.host_mem_gbps * 1e9 * coef.host_optimizer_efficiency)
+        pcie = frac * shard * OFFLOAD_PCIE_BYTES_PER_PARAM / (gpu.pcie_gbps * 1e9)
         cpu_opt = max(cpu_compute, pcie) if layout.overlap_cpu_optimizer else cpu_compute + pcie
     optimizer_s = gpu_opt + cpu_opt
-    overhead = engine.step_overhead_s
+    overhead = getattr(coef, engine.step_overhead)
     step = pipeline + dp_s + optimizer_s + overhead
     tps = workload.tokens_per_step / step / layout.world_size
     mfu = model_flops_utilization(tps, model, gpu)
     usd = usd_per_million_tokens(tps, gpu)
-    return PerfEstimate(step, tps, mfu, usd, pipeline, bubble, dp_s, optimizer_s, overhead, stages)
+    cp_ = stages[crit].parts
+    breakdown = StepBreakdown(
+        critical_stage=stages[crit].stage, microbatches=m,
+        compute_s={k: m * cp_[k] for k in PARTS if k not in COMM_PARTS},
+        exposed_comm_s={"tp": m * cp_["tp_comm"], "cp": m * cp_["cp_comm"], "pp": m * cp_["pp_comm"], "dp": dp_s},
+        bubble_s=pipeline - m * slowest, optimizer_s=optimizer_s, overhead_s=overhead)
+    return PerfEstimate(step, tps, mfu, usd, pipeline, bubble, dp_s, optimizer_s, overhead, stages, breakdown)

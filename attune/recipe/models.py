@@ -430,6 +430,13 @@ class Result(_Block):
     """How GPU time was counted."""
     notes: StrictStr | None = None
     """Free text."""
+    throughput_basis: StrictStr | None = None
+    """The time tokens_per_s_per_gpu divides by: `actor_train_time` (slime's training time per step, without the
+    wait between steps; the seed's convention), `step_time` (slime's train_wait + train), `step` (the torch
+    runner's optimizer step) or `predicted` (the calibrated model's step time)."""
+    tokens_per_s_per_gpu_step_time: NonNegativeOrNull = None
+    """slime runs: the throughput over slime's step_time (train_wait + train, including the per-step pinned-CPU
+    weight backup), tokens/s/GPU."""
 
 
 class ComponentTest(_Block):

@@ -10,6 +10,7 @@ flag table, attune/spec/megatron_flags.yaml; the layout rules are attune.spec.ru
 
 from __future__ import annotations
 
+import difflib
 import re
 import reprlib
 from dataclasses import dataclass, replace
@@ -21,7 +22,7 @@ from attune.recipe.codec import from_recipe_blocks
 from attune.recipe.models import schema_issues as _model_schema_issues
 from attune.recipe.target import DEFAULT_ENGINE
 from attune.spec.engine import get_engine
-from attune.spec.flags import FlagSpec, flag_prefixes, flag_table, known_flag
+from attune.spec.flags import FlagSpec, flag_prefixes, flag_table, known_flag, table_describes
 from attune.spec.model import load_model
 from attune.spec.rules import check as layout_rules
 
@@ -144,6 +145,32 @@ def _check_entrypoint(rb: RunBlock, out: list[Finding]) -> str | None:
     return base
 
 
+# difflib.get_close_matches cutoff for the "did you mean" hint of an unknown flag (its default, 0.6, also
+# offers unrelated flags of similar length; 0.8 keeps one-word slips such as --recompute-num-layer).
+_HINT_CUTOFF = 0.8
+
+
+def _unknown_flag(flag: str) -> str:
+    """The error for a flag the table does not hold, with the closest known name when there is one."""
+    d = table_describes()
+    close = difflib.get_close_matches(flag, list(flag_table()), n=1, cutoff=_HINT_CUTOFF)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return (f"unknown flag {flag}: not a slime {d.get('slime', '?')} or Megatron-LM {d.get('megatron_lm', '?')} "
+            f"flag in attune's flag table (slime passes unknown flags to Megatron's parser with "
+            f"ignore_unknown_args=True, so it would be silently ignored){hint}")
+
+
+def _check_no_effect(rb: RunBlock, out: list[Finding]) -> None:
+    """Known flags that do nothing in this run (the table's ``no_effect``), once each, with the reason."""
+    flags, seen = rb.flag_dict(), set()
+    for flag, _ in rb.flag_args:
+        spec = None if is_expansion(flag) or flag in seen else known_flag(flag)
+        seen.add(flag)
+        if spec is not None and spec.no_effect is not None and spec.no_effect.applies(flags, rb.env):
+            out.append(Finding(WARNING, "run", f"{flag} has no effect here: {spec.no_effect.reason} "
+                                               f"({spec.no_effect.source})"))
+
+
 def _check_flags(rb: RunBlock, out: list[Finding]) -> None:
     seen: dict[str, int] = {}
     for flag, args in rb.flag_args:
@@ -154,7 +181,7 @@ def _check_flags(rb: RunBlock, out: list[Finding]) -> None:
             out.append(Finding(WARNING, "run", f"{flag} is given more than once (argparse keeps the last)"))
         spec = known_flag(flag)
         if spec is None:
-            out.append(Finding(WARNING, "run", f"unknown flag {flag}: not a known slime or Megatron-LM flag"))
+            out.append(Finding(ERROR, "run", _unknown_flag(flag)))
             continue
         if spec.arity == "switch" and args:
             out.append(Finding(ERROR, "run", f"{flag} takes no value but is followed by {' '.join(args)!r}"))
@@ -177,6 +204,7 @@ def _check_flags(rb: RunBlock, out: list[Finding]) -> None:
                 break
     for word in rb.positionals:
         out.append(Finding(ERROR, "run", f"stray argument {word!r} after the entrypoint (not a flag value)"))
+    _check_no_effect(rb, out)
 
 
 def _run_value(flags: dict[str, str | None], spec: FlagSpec, absent: Any) -> tuple[bool | None, Any]:

@@ -4,8 +4,11 @@ plots, in markdown."""
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 from pathlib import Path
 
+from attune.estimator import estimate
+from attune.estimator.coefficients import coefficients_for
 from attune.reporting.plots import plot_study
 from attune.search.records import records, study_counts
 from attune.search.tuner import TuneConfig, TuneOutcome
@@ -69,9 +72,81 @@ def _search(cfg: TuneConfig, out: TuneOutcome) -> list[str]:
     counts = study_counts(out.study)
     L = ["## Search\n", "| what | count |\n|---|---|"]
     for k, label in COUNT_LABELS:
-        L.append(f"| {label.format(slack=cfg.slack)} | {counts[k]} |")
-    L.append(f"\nWall time of this session: {out.wall_s:.1f} s. "
-             f"{('Stopped early: ' + out.stopped + '.') if out.stopped else ''}\n")
+        if counts[k] or k == "measured":  # the model sampler makes no proposal trials: its rows stay empty
+            L.append(f"| {label.format(slack=cfg.slack)} | {counts[k]} |")
+    scored = out.counts.get("scored", 0)
+    L.append(f"\nSampler `{cfg.sampler}`; layouts of the space scored by the model (not trials): {scored:,}. "
+             f"Wall time of this session: {out.wall_s:.1f} s.")
+    if out.stopped:
+        regret = "" if out.remaining_regret is None else \
+            f" Estimated remaining regret: {100 * out.remaining_regret:.2f}% (the largest expected improvement of " \
+            f"an unmeasured layout over the best measured)."
+        L.append(f"\n**Stopped by {out.stop_kind}**: {out.stopped}.{regret}")
+    L.append("")
+    return L
+
+
+def _calibration(cfg: TuneConfig, out: TuneOutcome) -> list[str]:
+    """Coefficients before and after the study's recalibration, and each trial's prediction error."""
+    cal = out.study.user_attrs.get("calibration")
+    meas = [r for r in records(out.study) if r.is_measured and r.layout]
+    if not meas:
+        return []
+    L = ["## Recalibration\n"]
+    after = None
+    if cal and cal.get("coefficients"):
+        L += [f"Refitted to the study's measurements after trial {cal['after_trial']} (bounded least squares on log "
+              f"tokens/s/GPU with the shipped calibration as a prior; residual RMS {100 * cal['residual_rms']:.2f}%).\n",
+              "| coefficient | shipped | recalibrated | change |\n|---|---|---|---|"]
+        for n, v in cal["coefficients"].items():
+            v0 = cal["shipped"][n]
+            L.append(f"| {n} | {v0:.4g} | {v:.4g} | {100 * (v / v0 - 1):+.1f}% |")
+        offs = cal.get("memory_offset_gib", {})
+        L.append("\nMemory offsets added to the predicted peak per stage position (GiB): "
+                 + ", ".join(f"{k} {v:+.2f}" for k, v in offs.items()) + ".\n")
+        after = cal["coefficients"]
+    else:
+        L.append("No recalibration: the shipped coefficients " +
+                 ("are the measurement (sim runner)." if not cfg.runner.capabilities.measured
+                  else "were kept (no completed measurement, or recalibration off).") + "\n")
+    rows = [r for r in meas if r.value is not None and r.completed]
+    if rows and cfg.runner.capabilities.measured:
+        from_shipped = [r.predicted_shipped_tokens_per_s_per_gpu or r.predicted_tokens_per_s_per_gpu for r in rows]
+        final = []
+        for r in rows:
+            if after:
+                c = replace_coefficients(cfg, after)
+                final.append(estimate(cfg.model, cfg.cluster, r.to_layout(), cfg.workload, cfg.engine, c,
+                                      check_layout=False).perf.tokens_per_s_per_gpu)
+            else:
+                final.append(None)
+        L += ["| trial | layout | measured tokens/s/GPU | error before (shipped) | error at proposal | "
+              "error after (final calibration) |\n|---|---|---|---|---|---|"]
+        for r, p0, p1 in zip(rows, from_shipped, final):
+            e = lambda p: "" if not p else f"{100 * (p - r.value) / r.value:+.1f}%"  # noqa: E731
+            L.append(f"| {r.number} | {r.label} | {r.value:,.1f} | {e(p0)} | "
+                     f"{e(r.predicted_model_tokens_per_s_per_gpu or r.predicted_tokens_per_s_per_gpu)} | {e(p1)} |")
+        L.append("")
+    return L
+
+
+def replace_coefficients(cfg: TuneConfig, values: dict):
+    """The shipped coefficients of the study with `values` replaced."""
+    base = cfg.coefficients if cfg.coefficients is not None else coefficients_for(cfg.cluster.gpu)
+    return replace(base, **values)
+
+
+def _top_predicted(cfg: TuneConfig, out: TuneOutcome) -> list[str]:
+    if not out.top_predicted:
+        return []
+    L = ["## Top 10 predicted layouts\n",
+         f"By the study's final model (recalibrated coefficients plus measured residuals); margin = "
+         f"{cfg.cluster.gpu.capacity_gib:.1f} GiB capacity - predicted peak.\n",
+         "| layout | predicted tokens/s/GPU | spread | predicted peak GiB | memory margin GiB |\n|---|---|---|---|---|"]
+    for t in out.top_predicted:
+        L.append(f"| {t['label']} | {t['tokens_per_s_per_gpu']:,.1f} | {t['spread_percent']:.1f}% | "
+                 f"{t['peak_gib']:.2f} | {t['margin_gib']:.2f} |")
+    L.append("")
     return L
 
 
@@ -112,7 +187,7 @@ def write_report(cfg: TuneConfig, out: TuneOutcome, out_dir: Path, recipe: dict 
     measured = bool(out.best and out.best.measured)
     kind = "measured" if measured else "predicted"
     L = _header(cfg) + _winner(cfg, out, recipe, kind) + _baseline(cfg, out, kind) + _search(cfg, out)
-    L += _measured_table(out, measured)
+    L += _top_predicted(cfg, out) + _calibration(cfg, out) + _measured_table(out, measured)
     L.append("## Plots\n")
     for title, name in plots:
         L.append(f"### {title}\n\n![{title}]({name})\n")

@@ -11,7 +11,7 @@ from pathlib import Path
 from attune.estimator import estimate
 from attune.estimator.metrics import model_flops_utilization, usd_per_million_tokens
 from attune.recipe.codec import to_recipe_block
-from attune.runners.slime.launch import slime_command
+from attune.runners.slime.launch import launch_versions, slime_command
 from attune.search.records import records, study_counts
 from attune.search.tuner import TuneConfig, TuneOutcome
 from attune.spec.flags import to_flags
@@ -92,6 +92,7 @@ def build_recipe(cfg: TuneConfig, out: TuneOutcome) -> dict:
             "runs": 1, "profiler": False, "gpu_hours": round(gpu_hours, 4),
             "gpu_hours_note": ("GPUs x wall time of every measured trial of the search, including start-up" if measured
                                else "nothing ran: the sim runner predicts"),
+            **_throughput_basis(cfg, best, measured),
         },
         "correctness": {"result": "not_run",
                         "summary": "not run: predicted by the model" if not measured else "not run yet: attune verify"},
@@ -102,9 +103,26 @@ def build_recipe(cfg: TuneConfig, out: TuneOutcome) -> dict:
     }
 
 
+def _throughput_basis(cfg: TuneConfig, best, measured: bool) -> dict:
+    """result.throughput_basis (what tokens_per_s_per_gpu divides by) and, for slime trials, the throughput over
+    slime's step_time as well (TrialRecord.extra["throughput"], attune.runners.slime.runner)."""
+    if not measured:
+        return {"throughput_basis": "predicted"}
+    tp = (best.extra or {}).get("throughput") if isinstance(best.extra, dict) else None
+    if not isinstance(tp, dict):
+        return {"throughput_basis": "step"}
+    step = tp.get("tokens_per_s_per_gpu_step_time")
+    return {"throughput_basis": str(tp.get("basis") or "actor_train_time"),
+            "tokens_per_s_per_gpu_step_time": round(float(step), 2) if step is not None else None}
+
+
 def _stack(cfg: TuneConfig, measured: bool) -> dict:
     s = {"framework": f"attune {cfg.runner.name} runner" + ("" if measured else " (calibrated model, nothing ran)"),
          "python": platform.python_version()}
+    if not cfg.engine.attune_trainer:  # the run block is slime's launch: the versions it was written for
+        v = launch_versions()
+        s["slime"] = f"{v['slime']} (the commit attune's launch and flag table were written for)"
+        s["megatron_lm"] = f"{v['megatron_lm']} with slime's Megatron patch (the commit slime pins; launch written for it)"
     if cfg.engine.attune_trainer:
         try:
             import torch

@@ -15,7 +15,8 @@ LAYOUT_COLUMNS = ("tp", "sp", "pp", "first", "last", "vpp", "cp", "dp", "recompu
 # the columns of trials.csv, in order
 CSV_FIELDS = ["number", "state", "role", "kind", "runner", "label", *LAYOUT_COLUMNS, "predicted_peak_gib",
               "predicted_peak_stage", "measured_peak_gib", "predicted_tokens_per_s_per_gpu",
-              "measured_tokens_per_s_per_gpu", "memory_error_percent", "throughput_error_percent", "reason"]
+              "measured_tokens_per_s_per_gpu", "memory_error_percent", "throughput_error_percent", "reason",
+              "retry_of", "host", "pid"]
 
 
 def record_row(r: TrialRecord) -> dict:
@@ -32,6 +33,8 @@ def record_row(r: TrialRecord) -> dict:
         "memory_error_percent": r.memory_error_percent,
         "throughput_error_percent": r.throughput_error_percent,
         "reason": r.reason or "",
+        # which trial this one re-measures (its worker was killed), and the worker that ran it
+        "retry_of": "" if r.retry_of is None else r.retry_of, "host": r.host or "", "pid": "" if r.pid is None else r.pid,
     }
 
 

@@ -214,6 +214,10 @@ class Capabilities:
     """Measured trials of a study when ``--trials`` is not given (a trial's cost sets it)."""
     default_candidates: int = 32
     """Proposals estimated per measured trial when ``--candidates`` is not given."""
+    needs_measurements: bool = False
+    """Whether it must be built with ``measurements=`` (a table of measured outcomes: the replay runner)."""
+    verifiable: bool = True
+    """Whether ``attune verify`` can run its arms on it (a replayed table cannot train anything)."""
     needs_cluster_file: bool = False
     """Whether it must be built with ``cluster_file=`` (``--cluster``, docs/cluster.md)."""
     passes_unknown_flags: bool = False
@@ -286,6 +290,10 @@ class Runner(abc.ABC):
     def measured(self) -> bool:
         """Whether results are real measurements (``capabilities.measured``)."""
         return self.capabilities.measured
+
+    def preflight(self, model: ModelSpec, cluster: Cluster) -> None:
+        """Check, once before a study's first trial, that the runner's machines hold what its trials need;
+        raise a one-line :class:`attune.errors.RunnerError` naming what is missing. Default: nothing to check."""
 
     @abc.abstractmethod
     def check(self, spec: TrialSpec) -> list[str]:

@@ -7,6 +7,7 @@ name           what runs, where                                                 
 ``torch``      attune's torch trainer under torchrun on this machine                         yes
 ``slime``      slime's launch as a Ray job on the cluster of ``cluster_file``                yes
 ``ray-torch``  attune's torch trainer as a Ray job (``--runner slime --trial-kind torch``)   yes
+``replay``     answers from a table of measured outcomes (``measurements=``)               yes
 =============  ===========================================================================  ==========
 
 Callers pick a runner by name here and from then on read ``runner.capabilities`` (or
@@ -18,6 +19,7 @@ from __future__ import annotations
 from attune.errors import UserInputError
 from attune.runners.base import Capabilities, Runner
 from attune.runners.ray.runner import RayTorchRunner
+from attune.runners.replay import ReplayRunner
 from attune.runners.sim import SimRunner
 from attune.runners.slime.runner import SlimeRunner
 from attune.runners.torch_runner import TorchRunner
@@ -29,6 +31,7 @@ _RUNNERS: dict[str, type[Runner]] = {
     "torch": TorchRunner,
     "slime": SlimeRunner,
     "ray-torch": RayTorchRunner,
+    "replay": ReplayRunner,
 }
 
 

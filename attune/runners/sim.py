@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from attune.estimator import estimate
-from attune.estimator.coefficients import DEFAULT, Coefficients
+from attune.estimator.coefficients import Coefficients
 from attune.runners.base import OK, OOM, Capabilities, Runner, TrialResult, TrialSpec
 from attune.spec.rules import check
 
@@ -20,7 +20,7 @@ class SimRunner(Runner):
     # defaults of `attune tune`: 20 measured trials, 32 proposals estimated per trial (a trial costs nothing)
     capabilities = Capabilities(measured=False, default_trials=20, default_candidates=32)
 
-    def __init__(self, coefficients: Coefficients = DEFAULT):
+    def __init__(self, coefficients: Coefficients | None = None):  # None: the GPU generation's fitted set
         self.coefficients = coefficients
 
     def check(self, spec: TrialSpec) -> list[str]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from attune.errors import require
 from attune.runners.base import (FAILED, LOG_FILE, LOG_TAIL_CHARS, OK, OOM, TIMEOUT, Capabilities, Runner,
                                  TrialResult, TrialSpec, step_time_stats)
+from attune.runners.locks import DeviceLock, device_names
 from attune.runners.procs import run_logged
 from attune.runners.torch_spec import encode_spec
 from attune.spec.layout import Workload
@@ -162,6 +163,9 @@ class TorchRunner(Runner):
         spec = replace(spec, trial_dir=trial_dir)
         spec_path = write_trial_spec(spec, trial_dir, self._device(spec))
         log_path = trial_dir / LOG_FILE
-        out = run_logged(self.command(spec, spec_path), log_path=log_path, env=self._env(), timeout_s=spec.timeout_s)
+        env = self._env()
+        # one trial at a time per device on this machine (attune.runners.locks); the wait is not trial time
+        with DeviceLock(device_names(self._device(spec), spec.layout.world_size, env.get("CUDA_VISIBLE_DEVICES"))):
+            out = run_logged(self.command(spec, spec_path), log_path=log_path, env=env, timeout_s=spec.timeout_s)
         return torch_result(spec, trial_dir / "ranks", log_path.read_text(errors="replace"), out.returncode,
                             out.timed_out, out.wall_s)

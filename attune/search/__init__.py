@@ -2,6 +2,10 @@
 
 * `attune.search.space`: load a search space (`load_space(None | name | path)`) and map parameters to a Layout.
 * `attune.search.records`: `TrialRecord`, the one mapping to and from Optuna user attributes.
-* `attune.search.refine`: model-guided hill-climbing.
+* `attune.search.scoring`: the whole space scored once by the model (memory first, deduplicated, cached).
+* `attune.search.recalibrate`: the model refitted to one study's measurements.
+* `attune.search.sampler`: `ModelGuidedSampler` (expected improvement under the recalibrated model) and
+  `busy_or_done_keys`.
+* `attune.search.refine`: greedy hill-climbing on the model (no longer used by the tuner).
 * `attune.search.tuner`: `TuneConfig`, `Tuner`, `TuneOutcome`.
 """

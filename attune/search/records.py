@@ -23,7 +23,9 @@ ROLE_BASELINE, ROLE_CANDIDATE = "baseline", "candidate"
 ROLES = (ROLE_BASELINE, ROLE_CANDIDATE)
 KIND_INVALID, KIND_OOM, KIND_RULE, KIND_DUP, KIND_SLOW, KIND_EST = (
     "invalid", "oom-predicted", "oom-monotone-rule", "duplicate", "skipped-slow", "estimated")
-KINDS = (KIND_INVALID, KIND_OOM, KIND_RULE, KIND_DUP, KIND_SLOW, KIND_EST)
+# a trial created to measure a layout whose worker lost the claim to another worker (attune.search.coordination)
+KIND_LOST = "claim-lost"
+KINDS = (KIND_INVALID, KIND_OOM, KIND_RULE, KIND_DUP, KIND_SLOW, KIND_EST, KIND_LOST)
 # runner outcomes (attune.runners.base: ok | oom | failed | timeout)
 OUTCOME_OK, OUTCOME_OOM = "ok", "oom"
 # the reason of a trial a killed tuner left RUNNING and resume failed (nothing else records one)
@@ -55,6 +57,11 @@ class TrialRecord:
     """Host name of the tuner process that asked for the trial (provenance)."""
     pid: int | None = None
     """Process id of the tuner process that asked for the trial (provenance)."""
+    claim: str | None = None
+    """The layout key a measured trial claimed so no other worker measures it at the same time ('' once
+    withdrawn; attune.search.coordination)."""
+    retry_of: int | None = None
+    """Number of the trial this one re-measures (a measured trial whose worker was killed or interrupted)."""
 
     layout: dict | None = None
     """The layout, as `Layout.to_dict()`."""
@@ -72,6 +79,13 @@ class TrialRecord:
     """Pipeline stage of the predicted peak."""
     predicted_stage_gib: list[float] | None = None
     """Predicted peak memory per pipeline stage, GiB per GPU, stage 0 first."""
+    predicted_shipped_tokens_per_s_per_gpu: float | None = None
+    """Predicted throughput with the shipped coefficients (before the study's recalibration), tokens/s/GPU."""
+    predicted_model_tokens_per_s_per_gpu: float | None = None
+    """The sampler's posterior mean when it proposed the layout (recalibrated model plus the residual GP),
+    tokens/s/GPU."""
+    predicted_spread_percent: float | None = None
+    """The sampler's spread (posterior standard deviation of log throughput) when it proposed it, percent."""
 
     outcome: str | None = None
     """How the run ended (measured trials): ok, oom, failed, timeout."""

@@ -7,14 +7,18 @@ bundled name or a path to your own YAML file.
 
 from __future__ import annotations
 
-from attune.errors import SearchSpaceError
-
+import dataclasses
+import itertools
+import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
 import optuna
 import yaml
+
+from attune.errors import SearchSpaceError
 
 from attune.spec.engine import Engine
 from attune.spec.layout import Layout, Workload
@@ -37,6 +41,45 @@ DEFAULTS = {"tp": 1, "sequence_parallel": False, "pp": 1, "first_offset": 0, "la
 ALLOWED_VALUES = {"recompute": {"none", "selective", "full"}, "recompute_method": {"block", "uniform"},
                   "sequence_parallel": {True, False}, "optimizer_cpu_offload": {True, False}}
 POSITIVE_INT = {"tp", "pp", "vpp", "cp", "tokens_per_microbatch_rows"}
+# knob-distance features of a layout (see `layout_features`) and their weights: one unit is "one knob step"
+# (a doubling of TP/PP/VPP/CP/rows, a switch, a recompute kind, 4 layers moved between stages)
+FEATURES = ("log2_tp", "sp", "log2_pp", "first_shift", "last_shift", "log2_vpp", "log2_cp", "selective", "full",
+            "recompute_fraction", "uniform", "offload", "log2_tokens")
+LAYERS_PER_FEATURE_UNIT = 4.0
+
+
+_LAYOUT_FIELDS = tuple(sorted(f.name for f in dataclasses.fields(Layout)))
+
+
+def layout_key(d: dict | Layout) -> tuple:
+    """Identity of a layout (a Layout or its `to_dict()`) for "already measured": uniform recompute in groups
+    of N recomputes every layer whatever N, so N does not make a different layout worth another measurement."""
+    d = {f: getattr(d, f) for f in _LAYOUT_FIELDS} if isinstance(d, Layout) else dict(d)
+    if d.get("recompute_method") == "uniform":
+        d["recompute_num_layers"] = 0
+    return tuple(sorted(d.items()))
+
+
+def params_key(params: dict) -> tuple:
+    """Identity of an Optuna parameter set (sorted items)."""
+    return tuple(sorted(params.items()))
+
+
+def layout_features(layout: Layout, num_layers: int) -> np.ndarray:
+    """A layout as a point for knob distances (FEATURES, unit = one knob step)."""
+    counts = stage_layer_counts(layout, num_layers)
+    even = num_layers / layout.pp
+    rec = layout.recompute_granularity
+    per_chunk = max(counts) / layout.vpp
+    frac = 0.0
+    if rec == "full":
+        frac = 1.0 if layout.recompute_method == "uniform" else min(1.0, (layout.recompute_num_layers or 1) / per_chunk)
+    tokens = layout.max_tokens_per_gpu * layout.cp if layout.max_tokens_per_gpu else layout.micro_batch_size
+    return np.array([math.log2(layout.tp), float(layout.sp), math.log2(layout.pp),
+                     (counts[0] - even) / LAYERS_PER_FEATURE_UNIT, (counts[-1] - even) / LAYERS_PER_FEATURE_UNIT,
+                     math.log2(layout.vpp), math.log2(layout.cp), float(rec == "selective"), float(rec == "full"),
+                     frac, float(rec == "full" and layout.recompute_method == "uniform"),
+                     float(layout.optimizer_cpu_offload), math.log2(max(tokens, 1))])
 
 
 
@@ -72,6 +115,84 @@ class SearchSpace:
         for k, dom in self.knobs.items():
             out[k] = int(rng.integers(dom[0], dom[1] + 1)) if KNOBS[k] == "int" else dom[int(rng.integers(len(dom)))]
         return out
+
+    def domain(self, key: str) -> list:
+        """Every value knob `key` can take here (its fixed or default value when it is not a knob)."""
+        if key not in self.knobs:
+            return [self.value({}, key)]
+        dom = self.knobs[key]
+        return list(range(dom[0], dom[1] + 1)) if KNOBS[key] == "int" else list(dom)
+
+    def enumerate(self, model: ModelSpec, world_size: int, workload: Workload, engine: Engine,
+                  shard: tuple[int, int] | None = None) -> list:
+        """Every distinct valid layout of the space with one parameter set that maps to it (the first in knob
+        order), deduplicated by `layout_key`. Knobs that cannot change the layout are not expanded: splits at
+        PP 1, the last offset at PP 2, recompute method and layers without full recompute, uniform groups,
+        block layers past a chunk's layers, SP at TP 1. Returns (params, layout) pairs in knob order; with
+        `shard=(k, n)` only every n-th candidate from the k-th, as (order, params, layout) triples (parallel
+        scoring merges the shards by order and deduplicates again)."""
+        L = model.num_layers
+        near0 = lambda k: min(self.domain(k), key=abs)  # noqa: E731
+        fixed_rl, fixed_rm = near0("recompute_layers"), self.domain("recompute_method")[0]
+        out: dict[tuple, tuple[dict, Layout]] = {}
+        k_shard, n_shards = shard or (0, 1)
+        counter = -1
+        for tp, pp, cp in itertools.product(self.domain("tp"), self.domain("pp"), self.domain("cp")):
+            if world_size % (tp * pp * cp):
+                continue
+            sps = [s for s in self.domain("sequence_parallel") if not s] or self.domain("sequence_parallel")[:1] \
+                if tp == 1 else self.domain("sequence_parallel")
+            splits: dict[tuple, tuple[int, int]] = {}
+            fos = self.domain("first_offset") if pp > 1 else [near0("first_offset")]
+            los = self.domain("last_offset") if pp > 2 else [near0("last_offset")]
+            for fo, lo in itertools.product(fos, los):
+                if pp > 1:
+                    even = L // pp
+                    first = even + fo
+                    last = L - first if pp == 2 else even + lo
+                    if pp > 2 and L - first - last > 0:
+                        last += (L - first - last) % (pp - 2)
+                    if first < 1 or last < 1 or L - first - last < pp - 2:
+                        continue
+                    splits.setdefault((first, last), (fo, lo))
+                else:
+                    splits.setdefault((0, 0), (fo, lo))
+            for (fo, lo), vpp in itertools.product(splits.values(), self.domain("vpp")):
+                probe_first = L // pp + fo if pp > 1 else None
+                try:
+                    probe = Layout(tp=tp, pp=pp, cp=cp, dp=world_size // (tp * pp * cp), vpp=vpp, first=probe_first,
+                                   last=None if pp == 1 else (L - probe_first if pp == 2 else L // pp + lo))
+                    counts = stage_layer_counts(probe, L)
+                except (LayoutError, ValueError):
+                    counts = None
+                recs = []
+                for rec in self.domain("recompute"):
+                    if rec != "full":
+                        recs.append((rec, fixed_rm, fixed_rl))
+                        continue
+                    for rm in self.domain("recompute_method"):
+                        if rm == "uniform":
+                            recs.append((rec, rm, self.domain("recompute_layers")[0]))
+                        else:
+                            top = max(counts) // vpp if counts else max(self.domain("recompute_layers"))
+                            recs += [(rec, rm, n) for n in self.domain("recompute_layers") if n <= max(top, 1)]
+                for sp, (rec, rm, rl), off, rows in itertools.product(
+                        sps, recs, self.domain("optimizer_cpu_offload"), self.domain("tokens_per_microbatch_rows")):
+                    counter += 1
+                    if counter % n_shards != k_shard:
+                        continue
+                    params = {"tp": tp, "sequence_parallel": sp, "pp": pp, "first_offset": fo, "last_offset": lo,
+                              "vpp": vpp, "cp": cp, "recompute": rec, "recompute_method": rm, "recompute_layers": rl,
+                              "optimizer_cpu_offload": off, "tokens_per_microbatch_rows": rows}
+                    params = {k: v for k, v in params.items() if k in self.knobs}
+                    try:
+                        lay = self.to_layout(params, model, world_size, workload, engine)
+                    except LayoutError:
+                        continue
+                    out.setdefault(layout_key(lay), (counter, params, lay))
+        if shard is None:
+            return [(p, lay) for _, p, lay in sorted(out.values(), key=lambda x: x[0])]
+        return list(out.values())
 
     def value(self, params: dict, key: str):
         if key in params:

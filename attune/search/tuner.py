@@ -1,12 +1,15 @@
-"""The Optuna study: ask-and-tell with the memory verdict as a constraint, the model deciding what gets measured.
+"""The Optuna study: only measured runs (and the baseline) are trials; the model decides what gets measured.
 
-Every proposal is estimated (microseconds) and recorded as a trial: a layout that breaks a rule (or that the
-runner cannot run), or that the memory estimator predicts to run out of memory, is an infeasible PRUNED trial
-carrying its reason and overflowing stage; a feasible proposal is a PRUNED trial carrying its predicted
-tokens/s/GPU as an intermediate value (so TPE ranks it). Per measurement slot the best feasible, not yet
-measured proposal, unless predicted slower than `slack` x the prediction of the best measured layout, is
-re-asked as an enqueued trial and run on the runner: COMPLETE with the measured tokens/s/GPU, PRUNED+infeasible
-if it ran out of memory for real, FAIL if it crashed or hung. The first measured trial is the baseline layout.
+With the default `model` sampler (attune.search.sampler.ModelGuidedSampler) the whole space is scored once;
+per measurement slot the sampler, recalibrated to the study's measurements, proposes the unmeasured layout with
+the best expected improvement, which is estimated (the prediction stays on its trial: `predicted_*` fields)
+and run on the runner: COMPLETE with the measured tokens/s/GPU, PRUNED+infeasible if it ran out of memory for
+real, FAIL if it crashed or hung. The first measured trial is the baseline layout. The session stops at
+`trials` completed measured trials, when `budget_gpu_hours` is spent, or by the stop rule (no unmeasured
+layout likely to beat the best measured by more than `min_gain`); the outcome says which and the estimated
+remaining regret. With `sampler="tpe"` (plain multivariate TPE, for comparison) each TPE proposal that breaks
+a rule, is predicted out of memory or was measured already stays a PRUNED trial TPE learns from, and its first
+new feasible proposal per slot is measured.
 `trials` counts completed measured trials in the study, so rerunning resumes up to it.
 
 Trials a killed tuner left RUNNING are failed when a tuner next opens the study:
@@ -27,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import math
 import os
 import socket
 import threading
@@ -41,13 +45,16 @@ import optuna
 
 from attune.errors import LayoutError, UserInputError
 from attune.estimator import Estimate, estimate
-from attune.estimator.coefficients import DEFAULT, Coefficients
+from attune.estimator.coefficients import Coefficients, coefficients_for
 from attune.runners.base import FAILED, OK, OOM, Runner, TrialResult, TrialSpec
 from attune.search.records import (
-    INTERRUPTED, KIND_DUP, KIND_EST, KIND_INVALID, KIND_OOM, KIND_RULE, KIND_SLOW, LOG_TAIL_CHARS, REASON_CHARS,
+    INTERRUPTED, KIND_DUP, KIND_EST, KIND_INVALID, KIND_LOST, KIND_OOM, KIND_RULE, KIND_SLOW, LOG_TAIL_CHARS, REASON_CHARS,
     ROLE_BASELINE, ROLE_CANDIDATE, TrialRecord, records)
-from attune.search.refine import refine
-from attune.search.space import SearchSpace
+from attune.search.coordination import claim_key, contest, new_measured_trial, pending_retries, slots
+from attune.search.storage import BadStorageURL, StorageHandle, StorageUnavailable, mask_url, open_storage
+from attune.search.sampler import ModelGuidedSampler
+from attune.search.scoring import score_space
+from attune.search.space import SearchSpace, layout_key
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
@@ -59,12 +66,12 @@ log = logging.getLogger(__name__)
 INVALID_PENALTY = 1000.0
 # TPE proposals before the multivariate sampler starts modelling (Optuna's n_startup_trials)
 TPE_STARTUP_TRIALS = 16
-# starting points for refinement: the best TPE proposals, and the best of the model-scored uniform draws
-REFINE_FROM_PROPOSALS, REFINE_FROM_DRAWS = 3, 5
 # measurement slots in a row without a candidate worth measuring before the study stops
 DRY_ROUNDS = 3
 # the number of measured attempts (failures included) is capped at this many per requested trial, plus 2
 ATTEMPTS_PER_TRIAL = 2
+# proposal mechanisms of `--sampler`
+SAMPLERS = ("model", "tpe")
 # heartbeat of a measured trial (seconds; Optuna takes integers) and the silence after which it is stale:
 # SQLite stores heartbeat times to the second, so the grace period spans several beats
 HEARTBEAT_INTERVAL_S, GRACE_PERIOD_S = 5, 20
@@ -96,10 +103,21 @@ class TuneConfig:
     """Where the baseline comes from and what was adapted (one sentence for the report)."""
     trials: int = 20
     """Target number of completed measured trials in the study (resuming counts earlier sessions)."""
+    sampler: str = "model"
+    """Who proposes the next layout: `model` (ModelGuidedSampler: expected improvement under the study's
+    recalibrated model) or `tpe` (plain multivariate TPE with the predicted memory as a constraint)."""
+    recalibrate: bool = True
+    """Refit the model to the study's measurements after each measured trial (model sampler)."""
+    min_gain: float = 0.01
+    """Stop rule: a candidate must beat the best measured by more than this fraction to be worth a trial."""
+    p_stop: float = 0.05
+    """Stop rule: stop when no candidate has more than this probability of such a gain."""
+    budget_gpu_hours: float | None = None
+    """Stop once the study's measured trials have used this many GPU-hours (None: no budget)."""
     candidates: int = 48
     """TPE proposals estimated (and recorded as trials) per measurement slot."""
     random_starts: int = 400
-    """Uniform draws scored by the model per slot; the best REFINE_FROM_DRAWS start hill-climbs."""
+    """Unused since the model sampler scores the whole space (kept so older callers still build configs)."""
     slack: float = 0.8
     """Skip candidates predicted slower than this fraction of the best measured layout's prediction."""
     seed: int = 0
@@ -112,8 +130,8 @@ class TuneConfig:
     """Folder of the session's outputs; trial folders go to out_dir/trials/."""
     timeout_s: float | None = None
     """Seconds a measured trial may run before the runner kills it (None: the runner's default)."""
-    coefficients: Coefficients = DEFAULT
-    """Calibrated coefficients of the estimator."""
+    coefficients: Coefficients | None = None
+    """Calibrated coefficients of the estimator; None: the fitted set of the cluster's GPU generation."""
     memory_limit_gib: float | None = None
     """Host memory cap per CPU worker for the torch runner on CPU, GiB (None: no cap)."""
     data_path: str | None = None
@@ -142,6 +160,14 @@ class TuneConfig:
         if self.heartbeat_interval_s < 1 or self.grace_period_s <= self.heartbeat_interval_s:
             raise UserInputError(f"heartbeat {self.heartbeat_interval_s} s / grace period {self.grace_period_s} s: "
                                  f"need 1 s <= heartbeat < grace period")
+        if self.sampler not in SAMPLERS:
+            raise UserInputError(f"sampler '{self.sampler}': allowed {', '.join(SAMPLERS)}")
+        if not 0.0 <= self.min_gain < 1.0:
+            raise UserInputError(f"min gain {self.min_gain:g}: must be a fraction in [0, 1)")
+        if not 0.0 < self.p_stop < 1.0:
+            raise UserInputError(f"stop probability {self.p_stop:g}: must be in (0, 1)")
+        if self.budget_gpu_hours is not None and not self.budget_gpu_hours > 0:
+            raise UserInputError(f"GPU-hour budget {self.budget_gpu_hours:g}: must be positive")
         if not self.storage:
             self.storage = f"sqlite:///{(Path(self.out_dir) / 'study.db').resolve()}"
 
@@ -161,19 +187,19 @@ class TuneOutcome:
     wall_s: float = 0.0
     """Wall time of this session, seconds."""
     stopped: str = ""
-    """Why the session stopped before reaching its trial target ('' when it did not stop early)."""
+    """Why the session stopped, one sentence."""
+    stop_kind: str = ""
+    """What stopped it: trials, budget, rule (the stop rule), exhausted (nothing left to propose), attempts."""
+    remaining_regret: float | None = None
+    """Estimated remaining regret when it stopped: the largest expected improvement of an unmeasured layout
+    over the best measured, a fraction (model sampler; None with TPE)."""
+    p_improve: float | None = None
+    """Largest probability of an unmeasured layout beating the best measured by more than min_gain."""
+    top_predicted: list = field(default_factory=list)
+    """The 10 best layouts by the recalibrated model: label, tokens/s/GPU, spread %, peak GiB, margin GiB."""
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def layout_key(d: dict) -> tuple:
-    """Identity of a layout for "already measured": uniform recompute in groups of N recomputes every layer
-    whatever N, so N does not make a different layout worth another measurement."""
-    d = dict(d)
-    if d.get("recompute_method") == "uniform":
-        d["recompute_num_layers"] = 0
-    return tuple(sorted(d.items()))
-
-
 @contextlib.contextmanager
 def _quiet_optuna():
     """Optuna warns that heartbeats are meant for `Study.optimize` (we run ask-and-tell and beat ourselves)
@@ -188,8 +214,10 @@ class _Heartbeat:
     """Records a trial's heartbeat every `interval_s` seconds in a daemon thread while the `with` block runs
     (through the public `record_heartbeat` of the RDBStorage the tuner opened; a no-op without one)."""
 
-    def __init__(self, storage: optuna.storages.RDBStorage | None, study_name: str, number: int, interval_s: int):
+    def __init__(self, storage: optuna.storages.RDBStorage | None, study_name: str, number: int, interval_s: int,
+                 on_beat: Callable[[], None] | None = None):
         self._stop = threading.Event()
+        self._on_beat = on_beat  # after each beat: fail other workers' stale trials (attune.search.coordination)
         self._thread = None
         if storage is not None:
             trial_id = storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study_name), number)
@@ -201,6 +229,8 @@ class _Heartbeat:
         while not self._stop.wait(interval_s):
             try:
                 storage.record_heartbeat(trial_id)
+                if self._on_beat is not None:
+                    self._on_beat()
             except Exception as e:  # a busy database must not kill the measurement; the next beat retries
                 log.warning("heartbeat of trial id %d not recorded: %s", trial_id, e)
 
@@ -221,8 +251,8 @@ class Tuner:
     """One tuning session over a (possibly resumed) study: `Tuner(cfg).run()`.
 
     Steps, each a method: `open_study` (create or resume, check the target matches, fail stale trials),
-    `measure_baseline`, then per measurement slot `propose` (TPE proposals, estimated and recorded),
-    `pick` (model-guided refinement chooses the candidate) and `measure`, until `should_stop`.
+    `measure_baseline`, then per measurement slot `stop_reason`, `pick_model` (or `propose` + `pick_tpe`)
+    and `measure`, then `record_calibration`.
     Progress goes to `progress(message, completed)` when given, and to this module's logger.
     """
 
@@ -240,29 +270,30 @@ class Tuner:
         self._host, self._pid = socket.gethostname(), os.getpid()
         self._capacity = cfg.cluster.gpu.capacity_gib
         self._usable = self._capacity * (1.0 - cfg.headroom)
+        self.shipped = cfg.coefficients if cfg.coefficients is not None else coefficients_for(cfg.cluster.gpu)
+        self.model_sampler: ModelGuidedSampler | None = None
+        self._proposal_fields: dict = {}
 
     # ------------------------------------------------------------------ study
     def _open_storage(self):
-        url = self.cfg.storage
-        if url.endswith(".journal") and "://" not in url:
-            from optuna.storages.journal import JournalFileBackend, JournalStorage
-            return JournalStorage(JournalFileBackend(url))
-        with _quiet_optuna():
-            self._rdb = optuna.storages.RDBStorage(url, heartbeat_interval=self.cfg.heartbeat_interval_s,
-                                                   grace_period=self.cfg.grace_period_s)
-        return self._rdb
+        """The study storage (attune.search.storage: pool_pre_ping, transient errors retried with backoff)."""
+        self._handle: StorageHandle = open_storage(self.cfg.storage, heartbeat_interval_s=self.cfg.heartbeat_interval_s,
+                                                   grace_period_s=self.cfg.grace_period_s)
+        self._rdb = self._handle.rdb
+        return self._handle.storage
 
     def open_study(self) -> optuna.Study:
         """Create or resume the study, check it was made for this target, fail trials a killed tuner left."""
         cfg = self.cfg
+        sampler = self._make_sampler()
         try:
             storage = self._open_storage()
             study = optuna.create_study(storage=storage, study_name=cfg.study_name, direction="maximize",
-                                        sampler=optuna.samplers.TPESampler(seed=cfg.seed, multivariate=True,
-                                                                           n_startup_trials=TPE_STARTUP_TRIALS),
-                                        load_if_exists=True)
+                                        sampler=sampler, load_if_exists=True)
+        except (BadStorageURL, StorageUnavailable):
+            raise
         except Exception as e:  # bad URL, unreachable database, missing driver
-            raise StudyError(f"cannot open the Optuna storage {cfg.storage!r}: {str(e).splitlines()[0]}") from None
+            raise StudyError(f"cannot open the Optuna storage {mask_url(cfg.storage)}: {str(e).splitlines()[0]}") from None
         meta = {"model": cfg.model.name, "gpus": cfg.cluster.spec, "engine": cfg.engine.name,
                 "runner": cfg.runner.name, "space": cfg.space.name, "seq_length": cfg.workload.seq_length,
                 "global_batch": cfg.workload.global_batch}
@@ -277,9 +308,27 @@ class Tuner:
             for k, v in meta.items():
                 study.set_user_attr(k, v)
             study.set_user_attr("baseline_note", cfg.baseline_note)
+            study.set_user_attr("grace_period_s", cfg.grace_period_s)  # read by `attune study status`
         self.study = study
         self.fail_stale_trials()
         return study
+
+    def _make_sampler(self) -> optuna.samplers.BaseSampler:
+        """TPE, or the model-guided sampler over the space scored once (attune.search.scoring)."""
+        cfg = self.cfg
+        if cfg.sampler == "tpe":
+            return optuna.samplers.TPESampler(seed=cfg.seed, multivariate=True, n_startup_trials=TPE_STARTUP_TRIALS)
+        table = score_space(cfg.space, cfg.model, cfg.cluster, cfg.workload, cfg.engine, self.shipped)
+        self.counts["scored"] = len(table)
+
+        def refused(layout: Layout) -> list[str]:
+            return cfg.runner.check(self._spec(layout))
+
+        self.model_sampler = ModelGuidedSampler(
+            table=table, shipped=self.shipped, capacity_gib=self._capacity, headroom=cfg.headroom,
+            exact=not cfg.runner.capabilities.measured, recalibrate=cfg.recalibrate, min_gain=cfg.min_gain,
+            seed=cfg.seed, runner_check=refused)
+        return self.model_sampler
 
     def fail_stale_trials(self) -> int:
         """Fail the trials a killed tuner left RUNNING (see the module docstring); returns how many."""
@@ -358,16 +407,31 @@ class Tuner:
                          memory_limit_gib=c.memory_limit_gib, trial_number=number)
 
     # ------------------------------------------------------------------ measuring
-    def measure(self, params: dict | None, layout: Layout, est: Estimate, role: str) -> TrialRecord:
-        """Run one layout on the runner as a trial (re-asked from `params` so TPE learns from it)."""
+    def measure(self, params: dict | None, layout: Layout, est: Estimate, role: str,
+                retry_of: int | None = None) -> TrialRecord | None:
+        """Run one layout on the runner as a trial (created with `params` so TPE learns from it). Returns None
+        when another worker holds the layout or every measurement slot (attune.search.coordination): the trial
+        is then a PRUNED `claim-lost` trial carrying the prediction, and the caller takes its next candidate."""
         cfg, study = self.cfg, self.study
-        if params is not None:
-            study.enqueue_trial(params, skip_if_exists=False)
-        trial = self._ask(self._dists if params is not None else None)
+        claim = claim_key(layout_key(layout.to_dict()))
+        trial = new_measured_trial(study, self._handle.storage, params, self._dists, claim, retry_of)
+        # without heartbeats (a journal) a killed worker's RUNNING claim never ends: no slot rule there
+        lost = contest(study, trial, claim, cfg.trials if self._rdb is not None else 1 << 30)
+        if lost:
+            rec = TrialRecord(kind=KIND_LOST, reason=lost, host=self._host, pid=self._pid)
+            rec.set_estimate(est)
+            rec.save(trial)
+            trial.report(est.perf.tokens_per_s_per_gpu, 0)
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            self.counts["lost"] = self.counts.get("lost", 0) + 1
+            return None
         try:
-            with _Heartbeat(self._rdb, cfg.study_name, trial.number, cfg.heartbeat_interval_s):
+            with _Heartbeat(self._handle.storage if self._rdb is not None else None, cfg.study_name, trial.number,
+                            cfg.heartbeat_interval_s, on_beat=lambda: optuna.storages.fail_stale_trials(study)):
                 rec = TrialRecord(role=role, host=self._host, pid=self._pid, runner=cfg.runner.name)
                 rec.set_estimate(est)
+                for k, v in self._proposal_fields.items():
+                    setattr(rec, k, v)
                 rec.save(trial)
                 self.measured_layouts.add(layout_key(layout.to_dict()))
                 self._say(f"running trial {trial.number}: {layout.label()}")
@@ -408,6 +472,25 @@ class Tuner:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
         self.counts["measured"] += 1
         return TrialRecord.from_trial(study.trials[trial.number])
+
+    def coordinate(self) -> int | None:
+        """What other workers left, before a new candidate (attune.search.coordination): fail stale trials;
+        while every measurement slot is taken by a RUNNING trial, wait a heartbeat interval; re-measure a
+        killed or interrupted worker's trial once. Returns the measured attempts it made (0 after a wait), or
+        None when the caller should pick a new candidate."""
+        cfg = self.cfg
+        self.fail_stale_trials()
+        done, running = slots(self.study.get_trials(deepcopy=False))
+        if self._rdb is not None and done < cfg.trials and done + running >= cfg.trials:
+            time.sleep(cfg.heartbeat_interval_s)
+            return 0
+        for r in pending_retries(records(self.study)):
+            layout = r.to_layout()
+            self._say(f"retrying trial {r.number} ({r.label}) of a worker that was killed or interrupted")
+            params = cfg.space.params_for(layout, cfg.model, cfg.workload)
+            if self.measure(params, layout, self.estimate(layout), r.role, retry_of=r.number) is not None:
+                return 1
+        return None
 
     def measure_baseline(self) -> TrialRecord | None:
         """Measure the baseline layout first, unless an earlier session did."""
@@ -473,80 +556,140 @@ class Tuner:
             else:
                 pool.append((pred, params))
             study.tell(t, state=optuna.trial.TrialState.PRUNED)
+            if pool:  # plain TPE: its first feasible, new proposal is measured
+                break
         return pool
 
     # ------------------------------------------------------------------ refining
-    def pick(self, pool: list[tuple[float, dict]], best_pred: float | None) -> tuple[dict, Layout, Estimate] | None:
-        """The model decides what deserves a measurement: hill-climb from the best proposals and from the best
-        uniform draws; the best feasible, unmeasured result not predicted slower than slack x best."""
-        cfg = self.cfg
-        cache: dict[tuple, float] = {}
-
-        def score(p: dict) -> float:
-            key = tuple(sorted(p.items()))
-            if key not in cache:
-                try:
-                    lay = self.to_layout(p)
-                except LayoutError:
-                    cache[key] = float("-inf")
-                    return cache[key]
-                e = self.estimate(lay)
-                bad = not self.fits(e) or layout_key(lay.to_dict()) in self.measured_layouts or self._over_floor(e)
-                cache[key] = float("-inf") if bad else e.perf.tokens_per_s_per_gpu
-            return cache[key]
-
-        rng = np.random.default_rng([cfg.seed, len(self.study.trials)])
-        draws = [cfg.space.random_params(rng) for _ in range(cfg.random_starts)]
-        refined = len(draws)
-        scored = sorted(((score(p), p) for p in draws), key=lambda x: -x[0])
-        starts = [p for _, p in sorted(pool, key=lambda x: -x[0])[:REFINE_FROM_PROPOSALS]] + \
-                 [p for sc, p in scored[:REFINE_FROM_DRAWS] if sc > float("-inf")]
-        pick = None
-        for params in starts:
-            p2, sc, n = refine(params, score, cfg.space)
-            refined += n
-            if sc > float("-inf") and (best_pred is None or sc >= cfg.slack * best_pred) and (pick is None or sc > pick[0]):
-                pick = (sc, p2)
-        self.study.set_user_attr("refined_estimates", int(self.study.user_attrs.get("refined_estimates", 0)) + refined)
-        if pick is None:
+    def pick_tpe(self, pool: list[tuple[float, dict]]) -> tuple[dict, Layout, Estimate] | None:
+        """Plain TPE: its first proposal that is valid, predicted to fit and not measured yet."""
+        if not pool:
             return None
-        lay = self.to_layout(pick[1])
-        return pick[1], lay, self.estimate(lay)
+        params = pool[0][1]
+        lay = self.to_layout(params)
+        return params, lay, self.estimate(lay)
 
     # ------------------------------------------------------------------ the loop
     def should_stop(self, attempts: int) -> bool:
         return self.n_complete() >= self.cfg.trials or attempts >= ATTEMPTS_PER_TRIAL * self.cfg.trials + 2
 
     def run(self) -> TuneOutcome:
-        """Open (or resume) the study, measure the baseline, then one candidate per slot until the target."""
+        """Open (or resume) the study, measure the baseline, then one candidate per slot until a stop."""
         t0 = time.time()
+        cfg = self.cfg
         self.open_study()
         self._resume_state()
+        if not self.measured():  # before the study's first trial: refuse to start on a cluster missing something
+            self.cfg.runner.preflight(self.cfg.model, self.cfg.cluster)
         self.measure_baseline()
         attempts = len([r for r in self.measured() if r.state != "RUNNING"])
-        dry, stopped = 0, ""
-        while not self.should_stop(attempts):
-            best = self.best_measured()
-            best_pred = best.predicted_tokens_per_s_per_gpu if best else None
-            pool = self.propose(best_pred)
-            chosen = self.pick(pool, best_pred)
-            if chosen is None:
-                dry += 1
-                if dry >= DRY_ROUNDS:
-                    stopped = f"no new feasible candidate worth measuring in {DRY_ROUNDS} rounds of proposals"
-                    break
+        dry, stopped, stop_kind = 0, "", ""
+        self.record_calibration()
+        while True:
+            if self.n_complete() >= cfg.trials:
+                stop_kind, stopped = "trials", f"--trials {cfg.trials} completed measured trials reached"
+                break
+            if attempts >= ATTEMPTS_PER_TRIAL * cfg.trials + 2:
+                stop_kind, stopped = "attempts", f"{attempts} measured attempts (failures included) made"
+                break
+            done = self.coordinate()
+            if done is not None:
+                attempts += done
                 continue
+            if self.model_sampler is not None:
+                a = self.model_sampler.assess(self.study)
+                stop = self.stop_reason(a)
+                if stop:
+                    stop_kind, stopped = stop
+                    break
+                chosen = self.pick_model()
+                if chosen is None:
+                    stop_kind, stopped = "exhausted", "no unmeasured layout is predicted to fit"
+                    break
+            else:
+                stop = self.stop_reason(None)
+                if stop:
+                    stop_kind, stopped = stop
+                    break
+                best = self.best_measured()
+                best_pred = best.predicted_tokens_per_s_per_gpu if best else None
+                chosen = self.pick_tpe(self.propose(best_pred))
+                if chosen is None:
+                    dry += 1
+                    if dry >= DRY_ROUNDS:
+                        stop_kind = "exhausted"
+                        stopped = f"TPE proposed no new layout predicted to fit in {DRY_ROUNDS} rounds of proposals"
+                        break
+                    continue
             dry = 0
-            self.measure(*chosen, ROLE_CANDIDATE)
+            try:
+                rec = self.measure(*chosen, ROLE_CANDIDATE)
+            finally:
+                self._proposal_fields = {}
+            if rec is None:  # another worker holds that layout or every slot: next candidate
+                continue
             attempts += 1
+            self.record_calibration()
             b = self.best_measured()
             self._say(f"best {b.value:,.1f} tokens/s/GPU ({b.label})" if b else "no measured result yet",
                       completed=self.n_complete())
         self.fail_stale_trials()  # orphans too young to judge at the start
         baseline = next((r for r in self.measured() if r.role == ROLE_BASELINE), None)
+        regret = p_imp = None
+        top = []
+        if self.model_sampler is not None:
+            a = self.model_sampler.assess(self.study)
+            regret = a.expected_gain if a.best_tokens is not None else None
+            p_imp = a.p_improve if a.best_tokens is not None else None
+            top = self.model_sampler.top_predicted(self.study)
         return TuneOutcome(study=self.study, baseline=baseline, best=self.best_measured(),
                            counts={k: v for k, v in self.counts.items() if k != "refined"},
-                           wall_s=time.time() - t0, stopped=stopped)
+                           wall_s=time.time() - t0, stopped=stopped, stop_kind=stop_kind,
+                           remaining_regret=regret, p_improve=p_imp, top_predicted=top)
+
+    # ------------------------------------------------------------------ the model sampler
+    def gpu_hours(self) -> float:
+        """GPU-hours the study's measured trials used."""
+        return sum(r.gpu_hours or 0.0 for r in self.measured())
+
+    def stop_reason(self, a) -> tuple[str, str] | None:
+        """(kind, sentence) when the GPU-hour budget is spent or the stop rule holds, else None."""
+        cfg = self.cfg
+        if cfg.budget_gpu_hours is not None and self.gpu_hours() >= cfg.budget_gpu_hours:
+            return "budget", f"--budget-gpu-hours {cfg.budget_gpu_hours:g} spent ({self.gpu_hours():.2f} GPU-hours)"
+        if a is not None and a.should_stop(cfg.p_stop):
+            return "rule", (f"stop rule: no unmeasured layout has more than {100 * cfg.p_stop:g}% probability of "
+                            f"beating the best measured by more than {100 * cfg.min_gain:g}% "
+                            f"(largest: {100 * a.p_improve:.1f}%)")
+        return None
+
+    def pick_model(self) -> tuple[dict, Layout, Estimate] | None:
+        """The sampler's proposal, estimated with the study's recalibrated coefficients (kept on the trial)."""
+        ms = self.model_sampler
+        row = ms.propose(self.study)
+        if row is None:
+            return None
+        a = ms.assess(self.study)
+        layout = ms.table.layouts[row]
+        est = estimate(self.cfg.model, self.cfg.cluster, layout, self.cfg.workload, self.cfg.engine,
+                       a.calibration.coefficients, check_layout=False)
+        self._proposal_fields = dict(
+            predicted_shipped_tokens_per_s_per_gpu=round(float(ms.table.tokens[row]), 3),
+            predicted_model_tokens_per_s_per_gpu=round(float(math.exp(a.mean_log[row])), 3),
+            predicted_spread_percent=round(100 * float(a.spread[row]), 3))
+        return dict(ms.table.params[row]), layout, est
+
+    def record_calibration(self) -> None:
+        """The study's current calibration as a study attribute (read by the report)."""
+        ms = self.model_sampler
+        if ms is None or not ms.calibrations:
+            return
+        number, cal = max(ms.calibrations.items())
+        self.study.set_user_attr("calibration", {
+            "after_trial": number,
+            "coefficients": {n: getattr(cal.coefficients, n) for n in cal.log_shift},
+            "shipped": {n: getattr(self.shipped, n) for n in cal.log_shift},
+            "memory_offset_gib": dict(cal.memory_offset_gib), "residual_rms": cal.residual_rms})
 
     def _say(self, message: str, completed: int | None = None) -> None:
         log.info(message)

@@ -29,25 +29,70 @@ class Engine:
     dynamic_batching: bool
     # slime's HF GDN wrapper uses python RMSNorm with fp32 copies of the layer input (slime-and-qwen.md 4.3)
     gdn_fp32_norm_copies: bool
-    # fixed per-step overhead of the training loop outside the forward/backward (data preprocessing,
-    # rollout-data hand-off, logging), seconds; slime measures train_wait separately (slime-and-qwen.md 2.2)
-    step_overhead_s: float
+    # the Coefficients field holding this engine's per-step overhead outside forward/backward, seconds
+    # (data hand-off, gradient clipping, logging; attune.estimator.coefficients has the values and sources)
+    step_overhead: str
     label: str = ""
     # slime sets args.bf16 = not args.fp16 and trains in bf16 only (_set_default_megatron_args; slime-and-qwen.md 1.2)
     bf16_only: bool = False
     # trials run attune's own PyTorch trainer (attune.runners.torch_worker): fp32 parameters and gradients
     # (bf16 autocast on GPU), rows read on this machine, re-run with `attune run --runner torch`
     attune_trainer: bool = False
+    # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the launch: less allocator fragmentation.
+    # slime: its SFT script exports it (slime-and-qwen.md 1.3); Megatron-LM's examples do not.
+    expandable_segments: bool = False
+    # NCCL NVLink SHARP left on where the GPUs have it: slime exports NCCL_NVLS_ENABLE=${HAS_NVLINK}
+    # (slime-and-qwen.md 1.3); Megatron-LM leaves NCCL's default (on); Megatron-Bridge / NeMo performance
+    # launches export NCCL_NVLS_ENABLE=0 [unverified].
+    nvls: bool = True
+    # overlap flags the engine's recipes always set, whatever the layout says: Megatron-Bridge / NeMo
+    # performance recipes set overlap_grad_reduce, overlap_param_gather (DistributedDataParallelConfig) and,
+    # with TP > 1 and SP, tp_comm_overlap (TE userbuffers) [Megatron-Bridge recipes; unverified per release]
+    recipe_overlap_grad_reduce: bool = False
+    recipe_overlap_param_gather: bool = False
+    recipe_tp_comm_overlap: bool = False
+    # interleaved 1F1B overlaps the PP sends/receives with compute: Megatron-LM's overlap_p2p_comm is on
+    # unless --no-overlap-p2p-communication (megatron/training/arguments.py) and applies to VPP > 1 only
+    overlap_p2p_interleaved: bool = True
+    # gradient buffer dtype on the bf16 path: megatron-core's DistributedDataParallelConfig.grad_reduce_in_fp32.
+    # Megatron-LM turns it on for bf16 (megatron/training/arguments.py: accumulate_allreduce_grads_in_fp32 =
+    # True with --bf16); NeMo / Megatron-Bridge performance launches turn it off (NeMo
+    # scripts/performance/helpers.py set_primary_perf_configs: recipe.trainer.plugins.grad_reduce_in_fp32 =
+    # False; consistent with the NeMo example log's 68.0 GiB reserved peak, which leaves no room for fp32 grads).
+    # False: a bf16 grad buffer, reduced in bf16, and an fp32 copy of the optimizer's grad shard.
+    grad_reduce_in_fp32: bool = True
+    # core attention kernel: "flash" (FlashAttention / cuDNN fused attention: keeps q, k, v, the output and the
+    # fp32 log-sum-exp; Megatron-LM with TE since 2023) or "unfused" (Megatron-LM <= v3.0 and
+    # Megatron-DeepSpeed, 2022: FusedScaleMaskSoftmax keeps the bf16 softmax probabilities, the attention-dropout
+    # mask (1 byte) and the dropped-out probabilities, 5 bytes per score: Korthikanti et al. 2022, section 4.1)
+    attention_kernel: str = "flash"
+    # dropout with a saved 1-byte mask after the attention out-projection and after the MLP (Korthikanti et al.
+    # 2022 section 4.1: 2 x s*b*h bytes per layer); the 2023+ performance recipes train with hidden and
+    # attention dropout 0 (NeMo / Megatron-Bridge GPT and Nemotron configs), which keeps no mask
+    hidden_dropout_masks: bool = False
 
 
 ENGINES: dict[str, Engine] = {
-    "slime": Engine("slime", True, 12.0, True, True, True, step_overhead_s=1.0, bf16_only=True,
-                    label="slime (Megatron-LM backend, Qwen3.5 HF GDN plugin)"),
-    "megatron": Engine("megatron", False, 6.0, False, False, False, step_overhead_s=0.3,
-                       label="Megatron-LM / Megatron-Bridge"),
+    "slime": Engine("slime", True, 12.0, True, True, True, step_overhead="step_overhead_slime_s", bf16_only=True,
+                    expandable_segments=True, label="slime (Megatron-LM backend, Qwen3.5 HF GDN plugin)"),
+    "megatron": Engine("megatron", False, 6.0, False, False, False, step_overhead="step_overhead_megatron_s",
+                       label="Megatron-LM (megatron-core, its own defaults: no DP/TP overlap unless flagged)"),
+    # NeMo 2 / Megatron-Bridge: megatron-core with the performance recipes' defaults (communication overlap
+    # on; distributed optimizer and fp32 grad reduction as in Megatron-LM's bf16 path: the recipes'
+    # bf16_mixed sets grad_reduce_in_fp32=True)
+    "megatron-bridge": Engine("megatron-bridge", False, 6.0, False, False, False,
+                              step_overhead="step_overhead_megatron_s", nvls=False, recipe_overlap_grad_reduce=True,
+                              recipe_overlap_param_gather=True, recipe_tp_comm_overlap=True, grad_reduce_in_fp32=False,
+                              label="Megatron-Bridge / NeMo (megatron-core with the performance recipes' overlap)"),
+    # Megatron-LM as of the 2022 papers (v3.0) and Megatron-DeepSpeed: no FlashAttention, no Transformer Engine,
+    # attention and hidden dropout 0.1 (GPT-3 / BLOOM configs); not a launch target, only for published runs
+    "megatron-legacy": Engine("megatron-legacy", False, 6.0, False, False, False,
+                              step_overhead="step_overhead_megatron_s", attention_kernel="unfused",
+                              hidden_dropout_masks=True,
+                              label="Megatron-LM v3.0 / Megatron-DeepSpeed (2022: unfused core attention, dropout)"),
     # attune's own PyTorch runner: fp32 log-softmax over full logits (logits + log_softmax + grad)
-    "torch": Engine("torch", False, 12.0, True, True, True, step_overhead_s=0.05, attune_trainer=True,
-                    label="attune torch runner (PyTorch, gloo/NCCL)"),
+    "torch": Engine("torch", False, 12.0, True, True, True, step_overhead="step_overhead_torch_s", attune_trainer=True,
+                    nvls=False, label="attune torch runner (PyTorch, gloo/NCCL)"),
 }
 
 
@@ -57,3 +102,12 @@ def get_engine(name: str) -> Engine:
     if name not in ENGINES:
         raise EngineError(f"unknown engine '{name}'; allowed: {', '.join(ENGINES)}")
     return ENGINES[name]
+
+
+def _check(e: Engine) -> None:
+    if e.attention_kernel not in ("flash", "unfused"):
+        raise EngineError(f"engine {e.name}: attention_kernel '{e.attention_kernel}'; allowed: flash, unfused")
+
+
+for _e in ENGINES.values():
+    _check(_e)

@@ -37,7 +37,7 @@ from .placement import stage_layer_counts
 from .rules import derive_dp
 
 __all__ = [
-    "FlagSpec", "ParsedFlags", "flag_table", "flag_prefixes", "known_flag", "table_describes", "flag_parser",
+    "FlagSpec", "NoEffect", "ParsedFlags", "flag_table", "flag_prefixes", "known_flag", "table_describes", "flag_parser",
     "from_flags", "to_flags", "format_value", "LAYOUT_FLAGS", "WORKLOAD_FLAGS", "SPECIAL_FLAGS", "TABLE_FILE",
 ]
 
@@ -56,7 +56,8 @@ LAYERS_PER_VIRTUAL_STAGE = "--num-layers-per-virtual-pipeline-stage"
 MICRO_BATCH = "--micro-batch-size"
 
 _ENTRY_KEYS = {"arity", "type", "nargs", "choices", "default", "unset", "owner", "field", "sets", "fixed", "emit",
-               "only_with", "recipe", "recipe_optional", "class", "requires", "note"}
+               "only_with", "recipe", "recipe_optional", "class", "requires", "note", "no_effect"}
+_NO_EFFECT_KEYS = {"when", "reason", "source"}
 _TARGETS = {"layout": {f.name for f in fields(Layout)} - {"dp"}, "workload": {f.name for f in fields(Workload)}}
 _MISSING = object()
 
@@ -103,6 +104,8 @@ class FlagSpec:
     """What else to know, with its source."""
     prefix: bool = False
     """True for a prefix family (every flag starting with ``name``)."""
+    no_effect: "NoEffect | None" = None
+    """When the flag is accepted but does nothing (``no_effect`` in the table), else None."""
 
     @property
     def absent(self) -> Any:
@@ -148,6 +151,41 @@ class FlagSpec:
         return value
 
 
+@dataclass(frozen=True)
+class NoEffect:
+    """A flag slime / Megatron-LM accept but ignore under a condition (``no_effect`` in the table)."""
+
+    when: str
+    """``always`` | ``unless FLAG=VALUE`` (no effect unless the run passes FLAG with VALUE) | ``env NAME``
+    (no effect when the launch exports NAME)."""
+    reason: str
+    """Why it has no effect."""
+    source: str
+    """Where that was read (file and line of slime / Megatron-LM)."""
+
+    def applies(self, flags: Mapping[str, str | None], env: Mapping[str, str]) -> bool:
+        """Whether the condition holds for a run with these flags (flag -> value text) and exports."""
+        kind, _, arg = self.when.partition(" ")
+        if kind == "always":
+            return True
+        if kind == "env":
+            return arg in env
+        flag, _, value = arg.partition("=")
+        return flags.get(flag) != value
+
+
+def _no_effect(where: str, entry: Any) -> NoEffect | None:
+    if entry is None:
+        return None
+    if not isinstance(entry, dict) or set(entry) != _NO_EFFECT_KEYS:
+        raise ValueError(f"{where}: no_effect needs exactly the keys {', '.join(sorted(_NO_EFFECT_KEYS))}")
+    when = str(entry["when"])
+    kind, _, arg = when.partition(" ")
+    if not (when == "always" or (kind == "env" and arg) or (kind == "unless" and "=" in arg and arg.startswith("--"))):
+        raise ValueError(f"{where}: no_effect.when {when!r}; allowed: always, unless --FLAG=VALUE, env NAME")
+    return NoEffect(when=when, reason=str(entry["reason"]), source=str(entry["source"]))
+
+
 # ------------------------------------------------------------------------------------------- the table
 
 def _spec(name: str, entry: Any, *, prefix: bool = False) -> FlagSpec:
@@ -188,7 +226,8 @@ def _spec(name: str, entry: Any, *, prefix: bool = False) -> FlagSpec:
         unset=entry["unset"] if "unset" in entry else _MISSING,
         field=fld, sets=entry.get("sets"), fixed=entry.get("fixed"), emit=emit, only_with=entry.get("only_with"),
         recipe=entry.get("recipe"), recipe_optional=bool(entry.get("recipe_optional", False)), cls=cls,
-        requires=tuple(entry.get("requires") or ()), note=entry.get("note"), prefix=prefix)
+        requires=tuple(entry.get("requires") or ()), note=entry.get("note"), prefix=prefix,
+        no_effect=_no_effect(where, entry.get("no_effect")))
 
 
 @lru_cache(maxsize=1)

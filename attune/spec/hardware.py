@@ -33,6 +33,19 @@ class GPU:
     price_source: str
     source: str
     is_cpu: bool = False
+    nvlink_domain: int = 0
+    """GPUs on one NVLink fabric (NVL72: 72); 0: the node (HGX boards: 8 GPUs behind NVSwitch)."""
+    nvls: bool = False
+    """NVLink SHARP (in-switch reductions) available: third-generation NVSwitch and later (Hopper,
+    Blackwell); NCCL then allocates NVLS buffers for intra-domain collectives unless NCCL_NVLS_ENABLE=0."""
+    # architecture generation (ampere | hopper | blackwell; "" for CPU workers): the fitted coefficients
+    # are per generation at most (attune.estimator.coefficients.coefficients_for)
+    generation: str = ""
+
+    @property
+    def nvlink_span(self) -> int:
+        """GPUs reachable over NVLink from one GPU (the node, or the NVL rack)."""
+        return self.nvlink_domain or self.gpus_per_node
 
     @property
     def capacity_gib(self) -> float:
@@ -44,6 +57,7 @@ class GPU:
 GPUS: dict[str, GPU] = {
     "H100": GPU(
         name="H100 SXM 80GB",
+        generation="hopper",  # NVIDIA architecture of the part
         memory_bytes=85_029_158_912,  # 79.19 GiB reported by torch on H100 SXM5 80GB HBM3
         bf16_tflops=989.4,  # NVIDIA H100 datasheet: BF16 1,979 TFLOP/s with sparsity, half dense
         hbm_gbps=3350.0,  # NVIDIA H100 SXM datasheet: 3.35 TB/s
@@ -56,9 +70,11 @@ GPUS: dict[str, GPU] = {
         usd_per_hour=6.88,  # AWS p5.48xlarge on-demand 55.04 USD/h / 8 GPUs (after the 2025 price cut) [unverified]
         price_source="AWS p5.48xlarge on-demand, us-east-1, 55.04 USD/h for 8 GPUs [unverified]",
         source="NVIDIA H100 Tensor Core GPU datasheet; NVIDIA nccl-tests#212 for achieved NVLink",
+        nvls=True,  # third-generation NVSwitch (HGX H100): NVLink SHARP
     ),
     "H200": GPU(
         name="H200 SXM 141GB",
+        generation="hopper",  # NVIDIA architecture of the part
         memory_bytes=150_119_374_848,  # 139.81 GiB, the "total capacity" in CUDA OOM messages on H200
         bf16_tflops=989.4,  # same Hopper SXM tensor cores as H100: 989 dense (reference notes section 6.3)
         hbm_gbps=4800.0,  # NVIDIA H200 datasheet: 4.8 TB/s HBM3e
@@ -71,9 +87,11 @@ GPUS: dict[str, GPU] = {
         usd_per_hour=7.91,  # AWS p5en.48xlarge 63.30 USD/h / 8; the seed's 0.88 USD/Mtok at 2,499.5 tok/s/GPU implies 7.9
         price_source="AWS p5en.48xlarge on-demand, 63.30 USD/h for 8 GPUs; consistent with the seed recipe's 0.88 USD per million tokens",
         source="NVIDIA H200 datasheet; seed recipe (instance AWS p5en.48xlarge)",
+        nvls=True,  # HGX H200: third-generation NVSwitch
     ),
     "A100": GPU(
         name="A100 SXM 80GB",
+        generation="ampere",  # NVIDIA architecture of the part
         memory_bytes=85_899_345_920 - 911_605_760,  # 79.15 GiB reported by torch on A100-SXM4-80GB
         bf16_tflops=312.0,  # NVIDIA A100 datasheet: BF16 312 TFLOP/s dense
         hbm_gbps=2039.0,  # A100 80GB SXM datasheet: 2,039 GB/s
@@ -89,6 +107,7 @@ GPUS: dict[str, GPU] = {
     ),
     "B200": GPU(
         name="B200 180GB",
+        generation="blackwell",  # NVIDIA architecture of the part
         memory_bytes=191_503_138_816,  # 178.35 GiB as reported on HGX B200 (180 GB usable of 192 GB) [unverified]
         bf16_tflops=2250.0,  # NVIDIA HGX B200: 2.25 PFLOP/s dense FP16/BF16 per GPU (18 PF sparse FP4 class sheet)
         hbm_gbps=7700.0,  # HGX B200 datasheet: 7.7 TB/s per GPU (62 TB/s per 8)
@@ -101,6 +120,25 @@ GPUS: dict[str, GPU] = {
         usd_per_hour=14.24,  # AWS p6-b200.48xlarge on-demand 113.93 USD/h / 8 [unverified]
         price_source="AWS p6-b200.48xlarge on-demand, 113.93 USD/h for 8 GPUs [unverified]",
         source="NVIDIA HGX B200 datasheet",
+        nvls=True,  # HGX B200: fifth-generation NVLink switch
+    ),
+    "GB200": GPU(
+        name="GB200 NVL72 (Blackwell, 186GB)",
+        memory_bytes=186_000_000_000,  # GB200 NVL72 datasheet: 13.4 TB HBM3e / 72 GPUs = 186 GB [unverified driver figure]
+        bf16_tflops=2500.0,  # GB200 NVL72 datasheet: FP16/BF16 360 PFLOPS with sparsity for 72 GPUs -> 2.5 PF dense each
+        hbm_gbps=8000.0,  # GB200 NVL72 datasheet: 576 TB/s HBM3e for 72 GPUs = 8 TB/s each
+        nvlink_gbps=900.0,  # NVLink 5: 1.8 TB/s bidirectional per GPU (GB200 NVL72 datasheet: 130 TB/s for 72)
+        gpus_per_node=4,  # one compute tray: 2 GB200 superchips = 2 Grace CPUs + 4 Blackwell GPUs
+        internode_gbps=200.0,  # 4 x ConnectX-7 400 Gb/s per tray (one per GPU); NVLink covers the 72-GPU rack
+        pcie_gbps=225.0,  # NVLink-C2C 900 GB/s bidirectional per superchip, shared by 2 GPUs: 225 GB/s per direction each
+        host_memory_bytes=960 * 10**9,  # 2 Grace CPUs x 480 GB LPDDR5X per tray (GB200 datasheet: up to 480 GB each)
+        host_mem_gbps=1024.0,  # Grace: up to 512 GB/s LPDDR5X each, 2 per tray
+        usd_per_hour=10.50,  # CoreWeave GB200 NVL72 list price 42.00 USD/h per 4-GPU instance [unverified]
+        price_source="CoreWeave GB200 NVL72 on-demand list price, 42.00 USD/h for 4 GPUs [unverified]",
+        source="NVIDIA GB200 NVL72 datasheet (per-rack figures divided by 72 GPUs)",
+        nvlink_domain=72,  # NVL72: 72 GPUs on one NVLink switch fabric
+        nvls=True,
+        generation="blackwell",  # NVIDIA architecture of the part
     ),
 }
 

@@ -128,6 +128,15 @@ class Layout:
     """Overlap the offloaded optimizer's copies with compute (``--overlap-cpu-optimizer-d2h-h2d``)."""
     precision: Precision = "bf16"
     """Training precision: bf16 or fp16 (``--bf16`` / ``--fp16``)."""
+    overlap_grad_reduce: bool = False
+    """Overlap the DP gradient reduce-scatter / all-reduce with backward (``--overlap-grad-reduce``); engines
+    whose recipes always set it (Megatron-Bridge / NeMo) turn it on regardless."""
+    overlap_param_gather: bool = False
+    """Overlap the distributed optimizer's parameter all-gather with the next forward
+    (``--overlap-param-gather``)."""
+    tp_comm_overlap: bool = False
+    """TE userbuffers: TP all-gathers / reduce-scatters pipelined with their GEMMs (``--tp-comm-overlap``;
+    needs SP)."""
 
     def __post_init__(self) -> None:
         _positive("layout", tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep, vpp=self.vpp,

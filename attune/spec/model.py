@@ -1,11 +1,18 @@
 """Model architectures read from a Hugging Face ``config.json``, and their exact parameter counts.
 
-Three families are understood:
+Four families are understood:
 
 * ``llama`` (llama, mistral, qwen2, qwen3): GQA, SwiGLU, RMSNorm, rotary positions.
 * ``qwen3_5`` (qwen3_5, qwen3_5_text, qwen3_next dense): Gated DeltaNet ("linear attention") layers with
   every ``full_attention_interval``-th layer a gated full-attention layer. Text model only.
-* ``gpt2``: LayerNorm, GeLU MLP of ``n_inner``, MHA with biases, learned positions.
+* ``gpt2``: LayerNorm, GeLU MLP of ``n_inner``, MHA with biases, learned positions (GPT-2, GPT-3 style;
+  BLOOM-style ALiBi through ``from_geometry``).
+* ``nemotron`` (Hugging Face ``model_type: nemotron``, NeMo ``Nemotron4Config``): squared-ReLU MLP
+  without gating (``hidden_act: relu2``), LayerNorm1p (LayerNorm with zero-centred gamma: the same two
+  vectors per norm as LayerNorm), GQA, rotary on part of the head, no biases, untied output layer.
+
+``from_geometry`` builds a spec from the bare geometry a published run states (layers, hidden, ffn,
+heads, kv_heads, vocab, mlp).
 
 Parameter counts follow the layer definitions in transformers / megatron-core; the convention for
 "active" parameters (what MFU uses) is the recipe's: every matmul and conv weight including the
@@ -14,6 +21,8 @@ Reference: shared/reference/slime-and-qwen.md section 3.1 (Qwen3.6-27B: 25,623,9
 """
 
 from __future__ import annotations
+
+import functools
 
 from attune.errors import ModelError
 
@@ -29,6 +38,10 @@ from pathlib import Path
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 HYBRID_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_next")
 GPT2_TYPES = ("gpt2",)
+NEMOTRON_TYPES = ("nemotron",)
+MLPS = ("swiglu", "gelu", "squared_relu")
+NORMS = ("rmsnorm", "layernorm", "layernorm1p")
+POSITIONS = ("rope", "learned", "alibi")
 
 FULL = "full"  # softmax attention layer
 LINEAR = "linear"  # Gated DeltaNet layer
@@ -54,7 +67,7 @@ class LayerParams:
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    family: str  # llama | qwen3_5 | gpt2
+    family: str  # llama | qwen3_5 | gpt2 | nemotron
     model_type: str
     num_layers: int
     hidden: int
@@ -64,9 +77,9 @@ class ModelSpec:
     head_dim: int
     vocab: int
     tied_embeddings: bool
-    norm: str = "rmsnorm"  # rmsnorm | layernorm
-    mlp: str = "swiglu"  # swiglu | gelu
-    positions: str = "rope"  # rope | learned
+    norm: str = "rmsnorm"  # rmsnorm | layernorm | layernorm1p (LayerNorm with zero-centred gamma)
+    mlp: str = "swiglu"  # swiglu (gated: fc1 emits 2 x ffn) | gelu | squared_relu (ungated: fc1 emits ffn)
+    positions: str = "rope"  # rope | learned | alibi (no parameters)
     max_positions: int = 4096
     rope_theta: float = 10000.0
     rotary_percent: float = 1.0
@@ -83,7 +96,35 @@ class ModelSpec:
     source: str = ""
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
+    def __post_init__(self) -> None:
+        if self.mlp not in MLPS:
+            raise ModelError(f"{self.name}: mlp '{self.mlp}' is not modelled; allowed: {', '.join(MLPS)}")
+        if self.norm not in NORMS:
+            raise ModelError(f"{self.name}: norm '{self.norm}' is not modelled; allowed: {', '.join(NORMS)}")
+        if self.positions not in POSITIONS:
+            raise ModelError(f"{self.name}: positions '{self.positions}' not modelled; allowed: {', '.join(POSITIONS)}")
+        for k in ("num_layers", "hidden", "ffn", "heads", "kv_heads", "head_dim"):
+            if getattr(self, k) < 1:
+                raise ModelError(f"{self.name}: {k} must be >= 1 (got {getattr(self, k)})")
+        if self.vocab < 0:
+            raise ModelError(f"{self.name}: vocab must be >= 0 (got {self.vocab})")
+
     # ------------------------------------------------------------------ geometry
+    @property
+    def mlp_gated(self) -> bool:
+        """SwiGLU: fc1 emits gate and up halves (2 x ffn); GeLU and squared ReLU emit ffn."""
+        return self.mlp == "swiglu"
+
+    @property
+    def fc1_width(self) -> int:
+        """Output width of the MLP's first projection."""
+        return (2 if self.mlp_gated else 1) * self.ffn
+
+    @property
+    def norm_vectors(self) -> int:
+        """1-D parameters of one norm: gamma (RMSNorm), gamma and beta (LayerNorm, LayerNorm1p)."""
+        return self.hidden * (1 if self.norm == "rmsnorm" else 2)
+
     @property
     def q_dim(self) -> int:
         return self.heads * self.head_dim
@@ -146,14 +187,13 @@ class ModelSpec:
         return self.gdn_layer() if self.layer_type(i) == LINEAR else self.full_layer()
 
     def mlp_params(self) -> int:
-        return (3 if self.mlp == "swiglu" else 2) * self.hidden * self.ffn
+        return (self.fc1_width + self.ffn) * self.hidden
 
     def mlp_vectors(self) -> int:
         return self.ffn + self.hidden if self.family == "gpt2" else 0  # c_fc and c_proj biases
 
     def layer_norm_vectors(self) -> int:
-        per_norm = self.hidden * (2 if self.norm == "layernorm" else 1)
-        return 2 * per_norm
+        return 2 * self.norm_vectors
 
     @property
     def embedding_params(self) -> int:
@@ -170,7 +210,7 @@ class ModelSpec:
 
     @property
     def final_norm_params(self) -> int:
-        return self.hidden * (2 if self.norm == "layernorm" else 1)
+        return self.norm_vectors
 
     @property
     def total_params(self) -> int:
@@ -178,9 +218,10 @@ class ModelSpec:
         out = 0 if self.tied_embeddings else self.output_params
         return layers + self.embedding_params + self.position_params + out + self.final_norm_params
 
-    @property
+    @functools.cached_property
     def active_params(self) -> int:
-        """Matmul and conv weights including the output layer; no input embedding, no 1-D vectors."""
+        """Matmul and conv weights including the output layer; no input embedding, no 1-D vectors. Cached: the
+        estimator's MFU reads it for every layout."""
         return sum(self.layer(i).matrix for i in range(self.num_layers)) + self.output_params
 
     def summary(self) -> dict:
@@ -238,6 +279,25 @@ def from_hf_config(cfg: dict, name: str = "model", where: str | None = None) -> 
             norm="layernorm", mlp="gelu", positions="learned", max_positions=_need(cfg, "n_positions", where),
             norm_eps=cfg.get("layer_norm_epsilon", 1e-5), attn_bias=True, source=src,
         )
+    if mt in NEMOTRON_TYPES:
+        # transformers NemotronConfig: relu2 MLP (up_proj, down_proj), LayerNorm1P with bias, partial rotary,
+        # attention_bias / mlp_bias default False
+        act = cfg.get("hidden_act", "relu2")
+        if act != "relu2":
+            raise ModelError(f"{where}: nemotron hidden_act '{act}' is not supported; allowed: relu2 (squared ReLU)")
+        if cfg.get("attention_bias") or cfg.get("mlp_bias"):
+            raise ModelError(f"{where}: nemotron with attention_bias / mlp_bias is not modelled; allowed: no biases")
+        h = _need(cfg, "hidden_size", where)
+        heads = _need(cfg, "num_attention_heads", where)
+        return ModelSpec(
+            name=name, family="nemotron", model_type=mt, num_layers=_need(cfg, "num_hidden_layers", where), hidden=h,
+            ffn=_need(cfg, "intermediate_size", where), heads=heads, kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or h // heads, vocab=_need(cfg, "vocab_size", where),
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), norm="layernorm1p", mlp="squared_relu",
+            positions="rope", max_positions=cfg.get("max_position_embeddings", 4096),
+            rope_theta=float(cfg.get("rope_theta", 10000.0)), rotary_percent=float(cfg.get("partial_rotary_factor", 0.5)),
+            norm_eps=float(cfg.get("norm_eps", 1e-5)), source=src,
+        )
     if mt in LLAMA_TYPES or mt in HYBRID_TYPES:
         h = _need(cfg, "hidden_size", where)
         heads = _need(cfg, "num_attention_heads", where)
@@ -270,8 +330,43 @@ def from_hf_config(cfg: dict, name: str = "model", where: str | None = None) -> 
             lin_k_dim=_need(cfg, "linear_key_head_dim", where), lin_v_dim=_need(cfg, "linear_value_head_dim", where),
             conv_kernel=cfg.get("linear_conv_kernel_dim", 4), **common,
         )
-    allowed = ", ".join(LLAMA_TYPES + HYBRID_TYPES + GPT2_TYPES)
+    allowed = ", ".join(LLAMA_TYPES + HYBRID_TYPES + GPT2_TYPES + NEMOTRON_TYPES)
     raise ModelError(f"{where}: model_type '{mt}' is not supported; allowed: {allowed}")
+
+
+def from_geometry(*, name: str, layers: int, hidden: int, ffn: int, heads: int, vocab: int, mlp: str,
+                  kv_heads: int | None = None, head_dim: int | None = None, seq_length: int = 4096,
+                  positions: str | None = None, tied_embeddings: bool | None = None, source: str = "") -> ModelSpec:
+    """A dense decoder from the geometry a published run states.
+
+    ``mlp``: ``squared_relu`` -> the ``nemotron`` family (NeMo ``Nemotron4Config``: LayerNorm1p, rotary on
+    half the head, no biases, untied output layer); ``gelu`` -> the ``gpt2`` family (Megatron-LM's GPT
+    defaults: LayerNorm, 4h-style GeLU MLP of ``ffn``, biases, learned absolute positions, tied output
+    layer; ``positions='rope'`` or ``'alibi'`` where the run says so); ``swiglu`` -> ``llama`` (RMSNorm,
+    rotary, no biases, untied). ``vocab`` 0 builds the transformer layers only (no embedding, no output
+    layer), for sources that count the layers alone.
+    """
+    kind = str(mlp).strip().lower().split()[0] if str(mlp).strip() else ""
+    kv = kv_heads or heads
+    if hidden % heads and head_dim is None:
+        raise ModelError(f"{name}: hidden {hidden} is not a multiple of {heads} heads; give head_dim")
+    common = dict(name=name, model_type="", num_layers=int(layers), hidden=int(hidden), ffn=int(ffn), heads=int(heads),
+                  kv_heads=int(kv), head_dim=int(head_dim or hidden // heads), vocab=int(vocab),
+                  max_positions=int(seq_length), source=source)
+    if kind == "squared_relu":
+        common["model_type"] = "nemotron"
+        return ModelSpec(family="nemotron", norm="layernorm1p", mlp="squared_relu", positions=positions or "rope",
+                         rotary_percent=0.5, norm_eps=1e-5,
+                         tied_embeddings=False if tied_embeddings is None else tied_embeddings, **common)
+    if kind == "gelu":
+        common["model_type"] = "gpt2"
+        return ModelSpec(family="gpt2", norm="layernorm", mlp="gelu", positions=positions or "learned", attn_bias=True,
+                         norm_eps=1e-5, tied_embeddings=True if tied_embeddings is None else tied_embeddings, **common)
+    if kind == "swiglu":
+        common["model_type"] = "llama"
+        return ModelSpec(family="llama", positions=positions or "rope",
+                         tied_embeddings=False if tied_embeddings is None else tied_embeddings, **common)
+    raise ModelError(f"{name}: mlp '{mlp}' is not modelled; allowed: {', '.join(MLPS)}")
 
 
 def bundled_names() -> list[str]:

@@ -45,14 +45,14 @@ from attune.errors import UserInputError
 from attune.recipe.target import recipe_target
 from attune.runners.ray.cluster import PATH_VARS, ClusterConfig
 from attune.spec.engine import get_engine
-from attune.spec.flags import to_flags
+from attune.spec.flags import table_describes, to_flags
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec
 from attune.spec.rules import check
 
 __all__ = ["LaunchCommand", "LaunchError", "ShellText", "model_args", "slime_command", "command_for_recipe",
-           "ROLLOUT_FUNCTION", "ASYNC_SCRIPT", "SYNC_SCRIPT", "ATTUNE_PACKAGE_DIR", "stage_of_rank"]
+           "ROLLOUT_FUNCTION", "ASYNC_SCRIPT", "launch_versions", "SYNC_SCRIPT", "ATTUNE_PACKAGE_DIR", "stage_of_rank"]
 
 
 class LaunchError(UserInputError):
@@ -66,14 +66,16 @@ SYNC_SCRIPT = "train.py"
 ROLLOUT_FUNCTION = "attune.slime_rollout.pretokenized_sft_rollout.generate_rollout"
 # The stack probe module, run before training (one JSON line in the job log).
 STACK_PROBE_MODULE = "attune.runners.slime.stack_probe"
-# TensorBoard project for slime's logger (reference 2.1: --use-tensorboard + --tb-project-name).
-TB_PROJECT = "attune"
 # Seed recipe: --distributed-timeout-minutes 30 (min).
 DISTRIBUTED_TIMEOUT_MIN = 30
 # slime's scripts detect NVLink this way (HAS_NVLINK in scripts/run-qwen3.5-27B.sh, reference 1.2).
 NVLINK_DETECT = "NVLINK_COUNT=$(nvidia-smi topo -m 2>/dev/null | grep -o 'NV[0-9][0-9]*' | wc -l || true)"
 # The seed recipe's env value for NCCL_NVLS_ENABLE, verbatim.
 NVLS_FROM_COUNT = '$([ "$NVLINK_COUNT" -gt 0 ] && echo 1 || echo 0)'
+# The module that prints slime's TensorBoard scalars into the job log after training.
+TB_SCALARS_MODULE = "attune.runners.slime.tbscalars"
+# Variable holding the training's exit status (the script ends with it after reading the scalars).
+TRAIN_RC_VAR = "ATTUNE_TRAIN_RC"
 # Variable holding the probe's interpreter: attune.recipe.runblock takes the first command that names a
 # python binary as the launch's main command, so the probe must not spell one out.
 PROBE_PY_VAR = "ATTUNE_PROBE_PYTHON"
@@ -166,8 +168,8 @@ def model_args(model: ModelSpec) -> list[str]:
              "--num-attention-heads", str(m.heads), "--num-query-groups", str(m.kv_heads),
              "--kv-channels", str(m.head_dim), "--num-layers", str(m.num_layers),
              "--hidden-size", str(m.hidden), "--ffn-hidden-size", str(m.ffn)]
-        if m.attn_output_gate:
-            a.append("--use-gated-attention")  # slime's patch registers it; the gate itself: --attention-output-gate
+        # slime's script also passes --use-gated-attention: its Megatron patch registers it and nothing reads it
+        # (the flag table's no_effect), so the launch leaves it out; the gate itself is --attention-output-gate
         a += ["--normalization", "RMSNorm", "--apply-layernorm-1p", "--position-embedding-type", "rope",
               "--norm-epsilon", _num(m.norm_eps), "--rotary-percent", _num(m.rotary_percent), "--swiglu"]
         if not m.tied_embeddings:
@@ -204,17 +206,6 @@ def model_args(model: ModelSpec) -> list[str]:
     raise LaunchError(f"model {m.name}: family '{m.family}' has no slime launch; allowed: qwen3_5, llama, gpt2")
 
 
-def loss_mask_type(model: ModelSpec) -> str | None:
-    """slime's --loss-mask-type for a model's chat template (None: slime's default)."""
-    if model.family == "qwen3_5":
-        return "qwen3_5"
-    if model.model_type == "qwen3":
-        return "qwen3"
-    if model.model_type == "qwen2":
-        return "qwen"
-    return None
-
-
 def stage_of_rank(rank: int, layout: Layout) -> int:
     """Pipeline stage of a global rank. Megatron's default rank order is tp-cp-ep-dp-pp: PP is outermost, so
     stage = rank // (TP x CP x DP) (megatron/core/parallel_state.py, RankGenerator order)."""
@@ -222,6 +213,13 @@ def stage_of_rank(rank: int, layout: Layout) -> int:
     if rank < 0 or rank >= layout.world_size:
         raise LaunchError(f"rank {rank} is outside the {layout.world_size} ranks of the layout")
     return rank // per_stage
+
+
+def launch_versions() -> dict[str, str]:
+    """The slime and Megatron-LM commits the launch was written for (those the flag table describes):
+    {"slime": "624b824a", "megatron_lm": "1dcf0daf"}."""
+    d = table_describes()
+    return {"slime": str(d.get("slime", "unknown")), "megatron_lm": str(d.get("megatron_lm", "unknown"))}
 
 
 # ---------------------------------------------------------------------- the launch
@@ -245,6 +243,9 @@ class LaunchCommand:
     """Raw shell lines before the exports (generated, never user input)."""
     probe: bool = True
     """Run the (non-fatal) stack probe before training."""
+    read_tensorboard: bool = True
+    """After training, print slime's TensorBoard scalars into the job log (non-fatal; the script then exits with
+    the training's exit status)."""
     comment: str = ""
     """Header comment of the script."""
     py_modules: list[str] = field(default_factory=lambda: [ATTUNE_PACKAGE_DIR])
@@ -272,6 +273,8 @@ class LaunchCommand:
         lines.append("set -euo pipefail")
         lines += self.setup
         lines += [f"export {k}={_q(v)}" for k, v in self.env.items()]
+        if self.probe or self.read_tensorboard:
+            lines.append(f"{PROBE_PY_VAR}={_q(self.python)}")
         if self.probe:
             lines += self._probe_lines()
         lines.append(f"cd {_q(self.workdir)}")
@@ -281,16 +284,23 @@ class LaunchCommand:
     def _probe_lines(self) -> list[str]:
         # Non-fatal under set -e: a command on the left of || never stops the script.
         return ["# software stack of the training image, one JSON line (attune stack probe); never fatal",
-                f"{PROBE_PY_VAR}={_q(self.python)}",
                 f'"${PROBE_PY_VAR}" -m {STACK_PROBE_MODULE} || echo "attune stack probe: not run (attune is not '
                 f'importable on this node, or the probe failed); the launch goes on" >&2']
 
     def _train_lines(self) -> list[str]:
-        cmd = [f"{_q(self.python)} {_q(self.script)} \\"]
+        cmd = [f"{TRAIN_RC_VAR}=0"] if self.read_tensorboard else []
+        cmd.append(f"{_q(self.python)} {_q(self.script)} \\")
         groups = self.flag_groups()
         for i, g in enumerate(groups):
             end = "" if i == len(groups) - 1 else " \\"
+            if i == len(groups) - 1 and self.read_tensorboard:
+                end = f" || {TRAIN_RC_VAR}=$?"  # keep going to read the scalars; exit with this status below
             cmd.append("  " + " ".join(_q(w) for w in g) + end)
+        if self.read_tensorboard:
+            cmd += ["# slime's TensorBoard scalars as one log line for attune (step times, tokens/s, loss); never fatal",
+                    f'"${PROBE_PY_VAR}" -m {TB_SCALARS_MODULE} "$TENSORBOARD_DIR" || echo "attune: TensorBoard '
+                    f'scalars not read; attune falls back to the log lines" >&2',
+                    f'exit "${TRAIN_RC_VAR}"']
         return cmd
 
     def ray_entrypoint(self) -> str:
@@ -401,9 +411,8 @@ def _data_flags(model: ModelSpec, paths: dict[str, str], workload: Workload, ste
              "--rollout-function-path", ROLLOUT_FUNCTION, "--prompt-data", paths["sft_data"], NO_GLOBAL_DATASET,
              "--num-rollout", str(steps), "--rollout-batch-size", gb, "--global-batch-size", gb,
              "--loss-type", "sft_loss"]
-    lmt = loss_mask_type(model)
-    if lmt:
-        flags += ["--loss-mask-type", lmt]
+    # no --loss-mask-type: only slime's own SFT rollout reads it (the flag table's no_effect); attune's rollout
+    # replays the loss mask stored with each row (attune data build --tokenizer ... records its type)
     return flags + ["--calculate-per-token-loss", "--disable-compute-advantages-and-returns", "--debug-train-only"]
 
 
@@ -424,7 +433,7 @@ def _runtime_flags(slug: str, nvlink: str | int) -> list[str]:
     flags = ["--attention-dropout", _flt(0.0), "--hidden-dropout", _flt(0.0),
              "--accumulate-allreduce-grads-in-fp32", "--attention-softmax-in-fp32", "--attention-backend", "flash",
              "--distributed-timeout-minutes", str(DISTRIBUTED_TIMEOUT_MIN),
-             "--use-tensorboard", "--tb-project-name", TB_PROJECT, "--tb-experiment-name", slug]
+             "--use-tensorboard"]  # TENSORBOARD_DIR names the folder (--tb-project-name/-experiment-name unused)
     if nvlink == "auto":
         # runtime_env cannot run nvidia-smi: the script computes the switch and slime hands it to the actors
         js = '{"NCCL_NVLS_ENABLE": "$NCCL_NVLS_ENABLE"}'
@@ -450,8 +459,11 @@ def slime_command(model: ModelSpec, cluster_spec: Cluster, layout: Layout, workl
              + model_args(model) + _data_flags(model, paths, workload, steps) + _layout_flags(layout)
              + _optimizer_flags(workload) + _runtime_flags(slug, nvlink))
     script = ASYNC_SCRIPT if async_ else SYNC_SCRIPT
+    written_for = launch_versions()
     comment = (f"attune slime trial {slug}: {model.name}, {layout.label()}, {steps} steps of "
                f"{workload.global_batch} x {workload.seq_length} tokens on {cluster_spec.spec}\n"
+               f"written for slime {written_for['slime']} and Megatron-LM {written_for['megatron_lm']} with slime's "
+               f"Megatron patch (the flag table attune/spec/megatron_flags.yaml)\n"
                f"generated by attune.runners.slime.launch; submitted as a Ray job, the actors get the "
                f"exported environment through the job's runtime_env")
     return LaunchCommand(trial=slug, python=py, script=script, workdir=paths["slime"], env=env,

@@ -29,7 +29,25 @@ functions then derive the per-rollout times (``_train_times``), the window (``_w
 
 Crash rule: a traceback, a ``ray.exceptions.RayTaskError``/``RayActorError``/``ActorDiedError`` or a FAILED job
 status marks the run crashed, unless ``ray job submit`` reported the job as succeeded (then any traceback was
-handled). A CUDA OOM line always marks it crashed with kind "oom".
+handled). A CUDA OOM line always marks it crashed with kind "oom". The crash's kind, most specific first:
+"oom" (CUDA), "host_oom" (Ray's memory monitor killed a worker), "nccl_timeout" (torch's NCCL watchdog),
+"nccl_error" (``DistBackendError`` / an NCCL error), "actor_died" (``ActorDiedError`` / ``RayActorError`` /
+``WorkerCrashedError``, a worker that exited or was killed), "exception" (a Python exception, e.g. in the
+training loop), "job_failed" (only a FAILED status). Its rank comes from a ``[rankN]:`` marker or a
+"rank N" on the crash line, else from the rank the same pid printed elsewhere; the runner maps it to a
+pipeline stage. Formats: torch ProcessGroupNCCL's watchdog ("Watchdog caught collective operation timeout:
+WorkNCCL(...) ran for N milliseconds before timing out"), Ray's exceptions module (``ActorDiedError``: "The
+actor died unexpectedly before finishing this task"; ``OutOfMemoryError``: "Task was killed due to the node
+running low on memory").
+
+Metrics from elsewhere: ``parse_slime_log(..., metrics=TrainMetrics)`` takes the per-rollout perf dicts, the
+loss and the grad norms from another source (slime's TensorBoard scalars, ``attune.runners.slime.tbscalars``)
+and reads only the health signals (OOM, crash, NCCL version) from the stdout; both give the same ``SlimeRun``.
+
+Two throughputs, both per GPU over the window: over ``perf/actor_train_time`` (training only; the
+``tokens_per_s_per_gpu`` of the result and of the seed recipe) and over ``perf/step_time`` (= train_wait +
+train: also the wait between steps, which holds the per-step pinned-CPU backup of the weights;
+slime-runtime-and-moe.md section 3).
 """
 
 from __future__ import annotations
@@ -38,7 +56,7 @@ import ast
 import math
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from attune.errors import UserInputError
 from attune.runners.base import step_time_stats
@@ -47,6 +65,7 @@ __all__ = [
     "OomInfo",
     "CrashInfo",
     "SlimeRun",
+    "TrainMetrics",
     "parse_slime_log",
     "parse_dict_literal",
     "format_summary",
@@ -89,7 +108,28 @@ _OOM_GPU_RE = re.compile(r"GPU (?P<gpu>\d+) has a total capacity of (?P<n>[0-9.]
 _TO_GIB = {"B": 1 / 1024**3, "KiB": 1 / 1024**2, "MiB": 1 / 1024, "GiB": 1.0, "TiB": 1024.0}
 _TRACEBACK_RE = re.compile(r"^Traceback \(most recent call last\):")
 # Ray exceptions that end a job.
-_RAY_ERROR_RE = re.compile(r"ray\.exceptions\.(?:RayTaskError|RayActorError|ActorDiedError|WorkerCrashedError)")
+_RAY_ERROR_RE = re.compile(r"ray\.exceptions\.(?:RayTaskError|RayActorError|ActorDiedError|WorkerCrashedError"
+                           r"|OutOfMemoryError|NodeDiedError)")
+# Crash kinds by the line that shows them (first match of a line wins; _CRASH_RANK orders kinds across lines).
+# torch ProcessGroupNCCL watchdog: "[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(... Timeout(ms)=1800000)".
+_NCCL_TIMEOUT_RE = re.compile(r"Watchdog caught collective operation timeout|collective operation timeout"
+                              r"|NCCL (?:communicator|operation).{0,40}tim(?:ed|e) ?out", re.IGNORECASE)
+_NCCL_ERROR_RE = re.compile(r"DistBackendError|NCCL error in:|ncclInternalError|ncclSystemError|ncclUnhandledCudaError"
+                            r"|NCCL communicator was aborted")
+# Ray: the actor's worker died (exit, SIGKILL, segfault) or the node went away.
+_ACTOR_DIED_RE = re.compile(r"ray\.exceptions\.(?:ActorDiedError|RayActorError|WorkerCrashedError|NodeDiedError)"
+                            r"|The actor died unexpectedly|The actor is dead because|worker process has died"
+                            r"|A worker died or was killed")
+# Ray's memory monitor (host memory, not GPU): "ray.exceptions.OutOfMemoryError: Task was killed due to the node
+# running low on memory".
+_HOST_OOM_RE = re.compile(r"ray\.exceptions\.OutOfMemoryError|killed due to the node running low on memory")
+# "class_name: MegatronTrainRayActor" in Ray's actor-death message; "pid=48217" in Ray's error lines.
+_CLASS_NAME_RE = re.compile(r"class_name:\s*(?P<name>\w+)|ray::(?P<name2>\w+)\.\w+\(\)")
+_PID_RE = re.compile(r"\bpid[=:]\s*(?P<pid>\d+)")
+# c10 logging's glog-style stamp at the start of a message: "[E1018 12:40:11.123456789 ProcessGroupNCCL.cpp:632] ".
+_GLOG_RE = re.compile(r"^\[[EWFI]\d{4} [^\]]*\]\s*")
+# Order of crash kinds from most to least specific (the crash is the most specific one seen).
+_CRASH_KINDS = ("oom", "host_oom", "nccl_timeout", "nccl_error", "actor_died", "exception", "job_failed")
 # `ray job submit` / `ray job status` terminal lines.
 _JOB_FAILED_RE = re.compile(r"Job '[^']*' failed|Status for job '[^']*': FAILED|\bJobStatus\.FAILED\b"
                             r"|Job entrypoint command failed")
@@ -112,6 +152,7 @@ _TRAIN_PERF_FILE = "train_metric_utils.py"
 _ROLLOUT_PERF_FILE = "rollout_metrics.py"
 _TRAIN_TIME_KEY = "perf/actor_train_time"
 _TRAIN_TOKPS_KEY = "perf/actor_train_tok_per_s"
+_STEP_TIME_KEY = "perf/step_time"
 
 
 # ---------------------------------------------------------------------- public records
@@ -144,15 +185,21 @@ class CrashInfo:
     """A fatal error: traceback, Ray task error or a FAILED job status."""
 
     kind: str
-    """"oom" | "exception" | "job_failed"."""
+    """"oom" | "host_oom" | "nccl_timeout" | "nccl_error" | "actor_died" | "exception" | "job_failed" (see the
+    module docstring)."""
     error: str | None
-    """E.g. "ValueError: row 517 has 8191 tokens" (the first traceback's final line), or the OOM line."""
+    """E.g. "ValueError: row 517 has 8191 tokens" (the first traceback's final line), the OOM line, the NCCL
+    watchdog line or Ray's actor-death line."""
     actor: str | None
-    """Ray actor that printed the error, when known."""
+    """Ray actor that printed the error (or that died), when known."""
     pid: int | None
     """Its process id, when known."""
     tail: str
     """Last TAIL_LINES lines of the raw log (ANSI codes removed)."""
+    rank: int | None = None
+    """torch.distributed rank the crash line names or its pid printed, when the log tells."""
+    rollout_id: int | None = None
+    """First rollout id without a training perf line when the crash line was printed."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,6 +242,16 @@ class SlimeRun:
     """From an "NCCL version X.Y.Z" banner, when NCCL_DEBUG=INFO printed one."""
     train_perf: dict[int, dict[str, float]] = field(default_factory=dict)
     """Rollout id -> the raw training perf dict."""
+    step_time_s: dict[int, float] = field(default_factory=dict)
+    """Rollout id -> perf/step_time (train_wait + train), s."""
+    tokens_per_s_per_gpu_step_time: float | None = None
+    """Window tokens / summed perf/step_time / gpus over the window steps with both (tokens/s/GPU including the
+    wait between steps)."""
+    metrics_source: str = "stdout"
+    """Where the train times, tokens and losses came from: "stdout" (the log's lines) | "tensorboard"."""
+
+    throughput_basis: ClassVar[str] = "actor_train_time"
+    """What ``tokens_per_s_per_gpu`` divides by: slime's perf/actor_train_time (training only)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready mapping: int keys become strings, nan/inf become None (counted in grad_norm_nan_count)."""
@@ -218,6 +275,10 @@ class SlimeRun:
             "nccl_version": self.nccl_version,
             "train_perf": {str(k): {kk: _json_float(vv) for kk, vv in v.items()}
                            for k, v in sorted(self.train_perf.items())},
+            "step_time_s": {str(k): _json_float(v) for k, v in sorted(self.step_time_s.items())},
+            "tokens_per_s_per_gpu_step_time": _json_float(self.tokens_per_s_per_gpu_step_time),
+            "throughput_basis": self.throughput_basis,
+            "metrics_source": self.metrics_source,
         }
 
 
@@ -238,6 +299,26 @@ def parse_dict_literal(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"metrics literal is not a dict: {text[:120]!r}")
     return {k: _NONFINITE.get(v, v) if isinstance(v, str) else v for k, v in value.items()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainMetrics:
+    """slime's training metrics from one source (the stdout lines or the TensorBoard scalars)."""
+
+    perf: dict[int, dict[str, float]]
+    """Rollout id -> the training rank's perf dict (perf/actor_train_time, perf/actor_train_tok_per_s, ...)."""
+    loss: dict[int, float]
+    """Step (train/step) -> train/loss."""
+    grad_norm: dict[int, float]
+    """Step -> train/grad_norm (nan kept)."""
+    timers: tuple[float, ...] = ()
+    """"Timer actor_train end" elapsed values in log order, s (stdout only: the fallback train times)."""
+    source: str = "stdout"
+    """"stdout" | "tensorboard"."""
+
+    def __post_init__(self) -> None:
+        if self.source not in ("stdout", "tensorboard"):
+            raise ValueError(f"TrainMetrics.source {self.source!r}; allowed: stdout, tensorboard")
 
 
 # ---------------------------------------------------------------------- one line, split
@@ -330,6 +411,8 @@ class _Signals:
     """`ray job submit`/`status` reported failure."""
     job_ok: bool
     """`ray job submit`/`status` reported success."""
+    crash_kind: str | None = None
+    """host_oom | nccl_timeout | nccl_error | actor_died when the line shows one (module docstring)."""
 
 
 _Metric = _TrainPerf | _TrainStep | _TrainTimer | _Ignored
@@ -392,12 +475,21 @@ def _nccl_version(line: _Line) -> str | None:
     return m.group("v") if m else None
 
 
+def _crash_kind(body: str) -> str | None:
+    for kind, pattern in (("host_oom", _HOST_OOM_RE), ("nccl_timeout", _NCCL_TIMEOUT_RE),
+                          ("nccl_error", _NCCL_ERROR_RE), ("actor_died", _ACTOR_DIED_RE)):
+        if pattern.search(body):
+            return kind
+    return None
+
+
 def _signals(line: _Line) -> _Signals:
     body = line.body
     exc = _EXC_LINE_RE.match(body)
     return _Signals(oom=bool(_OOM_RE.search(body)), traceback=bool(_TRACEBACK_RE.match(body)),
                     exception=body.strip() if exc else None, ray_error=bool(_RAY_ERROR_RE.search(body)),
-                    job_failed=bool(_JOB_FAILED_RE.search(body)), job_ok=bool(_JOB_OK_RE.search(body)))
+                    job_failed=bool(_JOB_FAILED_RE.search(body)), job_ok=bool(_JOB_OK_RE.search(body)),
+                    crash_kind=_crash_kind(body))
 
 
 # ---------------------------------------------------------------------- the whole log
@@ -418,6 +510,13 @@ class _Collected:
     saw_failed: bool = False
     saw_ok: bool = False
     nccl_version: str | None = None
+    crash_lines: dict[str, tuple[_Line, int]] = field(default_factory=dict)  # kind -> its first (line, rollout id)
+    exc_rollout: int = 0  # rollout id when the first exception line was printed
+    died_actor: str | None = None  # the actor class Ray's death / task error names ("class_name: X", "ray::X.f()")
+    died_pid: int | None = None  # the pid Ray's error lines name
+
+    def _rollout_now(self) -> int:
+        return max(self.perf) + 1 if self.perf else 0
 
     def add(self, line: _Line) -> None:
         if line.rank is not None and line.pid is not None:
@@ -439,11 +538,21 @@ class _Collected:
 
     def _add_signals(self, line: _Line, s: _Signals) -> None:
         if s.oom:
-            self.ooms.append((line, max(self.perf) + 1 if self.perf else 0))
+            self.ooms.append((line, self._rollout_now()))
+        if s.crash_kind is not None:
+            self.crash_lines.setdefault(s.crash_kind, (line, self._rollout_now()))
+        if s.ray_error or "class_name:" in line.body or (  # and the detail lines after Ray's error ("\tpid: N")
+                (self.saw_ray_error or self.crash_lines) and self.died_pid is None):
+            cm, pm = _CLASS_NAME_RE.search(line.body), _PID_RE.search(line.body)
+            if cm and self.died_actor is None:
+                self.died_actor = cm.group("name") or cm.group("name2")
+            if pm and self.died_pid is None:
+                self.died_pid = int(pm.group("pid"))
         if s.traceback:
             self.saw_traceback = self.in_traceback = True
         elif self.in_traceback and self.first_exc is None and s.exception:
             self.first_exc = (line, s.exception)
+            self.exc_rollout = self._rollout_now()
             self.in_traceback = False
         self.saw_ray_error |= s.ray_error
         self.saw_failed |= s.job_failed
@@ -504,6 +613,17 @@ class _WindowStats:
     """tokens / time_s / gpus."""
     cv_percent: float | None
     """Step-time CV over the window steps with a time, %."""
+    tokens_per_s_per_gpu_step_time: float | None = None
+    """Tokens / summed perf/step_time / gpus over the window steps with a step time and a token count."""
+
+
+def _step_time_throughput(tt: _TrainTimes, step_time_s: dict[int, float], window: tuple[int, int],
+                          gpus: int) -> float | None:
+    ids = [i for i in range(window[0], window[1] + 1) if i in step_time_s and i in tt.tokens]
+    if not ids:
+        return None
+    return step_time_stats([step_time_s[i] for i in ids], tokens=sum(tt.tokens[i] for i in ids),
+                           gpus=gpus).tokens_per_s_per_gpu
 
 
 def _window_stats(tt: _TrainTimes, window: tuple[int, int], gpus: int) -> _WindowStats:
@@ -547,23 +667,57 @@ def _oom_info(c: _Collected) -> OomInfo | None:
                    line=body.strip(), count=len(c.ooms))
 
 
+def _line_rank(c: _Collected, line: _Line | None, pid: int | None = None) -> int | None:
+    """The rank a line names ([rankN]: marker, "rank N"), else the rank its pid (or ``pid``) printed."""
+    if line is not None and line.rank is not None:
+        return line.rank
+    word = _RANK_WORD_RE.search(line.body) if line is not None else None
+    if word:
+        return int(word.group("rank"))
+    for p in (line.pid if line is not None else None, pid):
+        if p is not None and p in c.pid_rank:
+            return c.pid_rank[p]
+    return None
+
+
+# Crash kinds that end a job by themselves (a watchdog abort, a dead worker, Ray's memory monitor).
+_TERMINAL_KINDS = ("host_oom", "nccl_timeout", "actor_died")
+
+
 def _crash_info(c: _Collected, oom: OomInfo | None, raw_lines: list[str]) -> CrashInfo | None:
-    """The module's crash rule: an OOM always; a traceback, Ray error or FAILED status unless the job succeeded."""
-    fatal = (c.saw_traceback or c.saw_ray_error or c.saw_failed) and not c.saw_ok
+    """The module's crash rule: an OOM always; a traceback, Ray error, FAILED status, NCCL watchdog timeout,
+    dead actor or host OOM kill unless the job succeeded. The kind is the most specific one seen."""
+    terminal = any(k in c.crash_lines for k in _TERMINAL_KINDS)
+    fatal = (c.saw_traceback or c.saw_ray_error or c.saw_failed or terminal) and not c.saw_ok
     if oom is None and not fatal:
         return None
+    tail = "\n".join(_ANSI_RE.sub("", r) for r in raw_lines[-TAIL_LINES:])
     exc_line, exc = c.first_exc if c.first_exc else (None, None)
     if oom is not None:
-        kind, actor, pid = "oom", oom.actor, oom.pid
-    else:
-        kind = "exception" if (c.saw_traceback or c.saw_ray_error) else "job_failed"
-        actor, pid = (exc_line.actor, exc_line.pid) if exc_line else (None, None)
-    return CrashInfo(kind=kind, error=exc or (oom.line if oom else None), actor=actor, pid=pid,
-                     tail="\n".join(_ANSI_RE.sub("", r) for r in raw_lines[-TAIL_LINES:]))
+        return CrashInfo(kind="oom", error=exc or oom.line, actor=oom.actor, pid=oom.pid, tail=tail, rank=oom.rank,
+                         rollout_id=oom.rollout_id)
+    kind = next((k for k in _CRASH_KINDS if k in c.crash_lines), None)
+    if kind is not None:
+        line, rid = c.crash_lines[kind]
+        pid = line.pid if line.pid is not None else c.died_pid
+        actor = line.actor or c.died_actor
+        if kind == "actor_died" and c.died_actor:
+            actor = c.died_actor  # the dead actor, not the driver that printed the error
+        return CrashInfo(kind=kind, error=_GLOG_RE.sub("", line.body).strip(), actor=actor, pid=pid, tail=tail,
+                         rank=_line_rank(c, line, c.died_pid), rollout_id=rid)
+    kind = "exception" if (c.saw_traceback or c.saw_ray_error) else "job_failed"
+    actor, pid = (exc_line.actor, exc_line.pid) if exc_line else (None, None)
+    return CrashInfo(kind=kind, error=exc, actor=actor, pid=pid, tail=tail,
+                     rank=_line_rank(c, exc_line) if exc_line else None,
+                     rollout_id=c.exc_rollout if exc_line else None)
 
 
-def parse_slime_log(text: str, gpus: int, window: tuple[int, int] = DEFAULT_WINDOW) -> SlimeRun:
-    """Parse one slime job's stdout into a SlimeRun (pure: no I/O)."""
+def parse_slime_log(text: str, gpus: int, window: tuple[int, int] = DEFAULT_WINDOW,
+                    metrics: TrainMetrics | None = None) -> SlimeRun:
+    """Parse one slime job's stdout into a SlimeRun (pure: no I/O).
+
+    metrics: the training metrics from another source (slime's TensorBoard scalars); None reads them from the
+    stdout lines. The OOM, the crash and the NCCL version always come from the stdout."""
     if gpus <= 0:
         raise UserInputError(f"gpus must be a positive GPU count, got {gpus}")
     a, b = window
@@ -573,8 +727,13 @@ def parse_slime_log(text: str, gpus: int, window: tuple[int, int] = DEFAULT_WIND
     collected = _Collected()
     for raw in raw_lines:
         collected.add(_split_line(raw))
-    tt = _train_times(collected.perf, collected.timers)
+    if metrics is None:
+        metrics = TrainMetrics(perf=collected.perf, loss=collected.loss, grad_norm=collected.grad_norm,
+                               timers=tuple(collected.timers), source="stdout")
+    tt = _train_times(metrics.perf, list(metrics.timers))
     ws = _window_stats(tt, (a, b), gpus)
+    step_times = {rid: m[_STEP_TIME_KEY] for rid, m in metrics.perf.items()
+                  if _STEP_TIME_KEY in m and math.isfinite(m[_STEP_TIME_KEY])}
     oom = _oom_info(collected)
     return SlimeRun(
         gpus=gpus,
@@ -582,9 +741,9 @@ def parse_slime_log(text: str, gpus: int, window: tuple[int, int] = DEFAULT_WIND
         train_time_s=dict(sorted(tt.time_s.items())),
         time_source=dict(sorted(tt.source.items())),
         tokens=dict(sorted(tt.tokens.items())),
-        loss=dict(sorted(collected.loss.items())),
-        grad_norm=dict(sorted(collected.grad_norm.items())),
-        grad_norm_nan_count=sum(1 for v in collected.grad_norm.values() if math.isnan(v)),
+        loss=dict(sorted(metrics.loss.items())),
+        grad_norm=dict(sorted(metrics.grad_norm.items())),
+        grad_norm_nan_count=sum(1 for v in metrics.grad_norm.values() if math.isnan(v)),
         window_missing=ws.missing,
         complete=not ws.missing,
         window_tokens=ws.tokens,
@@ -594,7 +753,10 @@ def parse_slime_log(text: str, gpus: int, window: tuple[int, int] = DEFAULT_WIND
         oom=oom,
         crash=_crash_info(collected, oom, raw_lines),
         nccl_version=collected.nccl_version,
-        train_perf=dict(sorted(collected.perf.items())),
+        train_perf=dict(sorted(metrics.perf.items())),
+        step_time_s=dict(sorted(step_times.items())),
+        tokens_per_s_per_gpu_step_time=_step_time_throughput(tt, step_times, (a, b), gpus),
+        metrics_source=metrics.source,
     )
 
 
@@ -605,10 +767,14 @@ def format_summary(run: SlimeRun) -> str:
     ids = sorted(run.train_time_s)
     span = f"rollouts {ids[0]}-{ids[-1]}" if ids else "no rollouts"
     state = "complete" if run.complete else f"incomplete, missing {_ranges(run.window_missing)}"
-    out.append(f"slime run: {len(ids)} steps with a train time ({span}); window {a}-{b} {state}")
+    out.append(f"slime run: {len(ids)} steps with a train time ({span}); window {a}-{b} {state}; "
+               f"metrics from {run.metrics_source}")
     if run.tokens_per_s_per_gpu is not None:
-        out.append(f"throughput: {run.tokens_per_s_per_gpu:,.2f} tokens/s/GPU over the window "
-                   f"({run.window_tokens:,} tokens in {run.window_time_s:,.1f} s on {run.gpus} GPUs)")
+        out.append(f"throughput: {run.tokens_per_s_per_gpu:,.2f} tokens/s/GPU over actor_train_time (training only) "
+                   f"over the window ({run.window_tokens:,} tokens in {run.window_time_s:,.1f} s on {run.gpus} GPUs)")
+        if run.tokens_per_s_per_gpu_step_time is not None:
+            out.append(f"throughput: {run.tokens_per_s_per_gpu_step_time:,.2f} tokens/s/GPU over step_time "
+                       f"(train_wait + train, including the wait between steps)")
     else:
         out.append(f"throughput: n/a tokens/s/GPU (no window step with a time and a token count, {run.gpus} GPUs)")
     wtimes = [run.train_time_s[i] for i in range(a, b + 1) if i in run.train_time_s]
@@ -636,7 +802,10 @@ def format_summary(run: SlimeRun) -> str:
         err = run.crash.error or "no exception line found"
         if len(err) > SUMMARY_ERROR_CHARS:
             err = err[:SUMMARY_ERROR_CHARS] + "..."
-        out.append(f"crash: {run.crash.kind}: {err}")
+        where = ", ".join(x for x in (run.crash.actor and f"{run.crash.actor} pid {run.crash.pid}",
+                                      run.crash.rank is not None and f"rank {run.crash.rank}",
+                                      run.crash.rollout_id is not None and f"rollout {run.crash.rollout_id}") if x)
+        out.append(f"crash: {run.crash.kind}: {err}" + (f" ({where})" if where else ""))
     else:
         out.append("crash: none")
     if run.nccl_version:

@@ -8,10 +8,18 @@ runs: a Ray cluster through the Jobs API. (A torch trial on Ray is the other pay
 Per trial, in ``spec.trial_dir`` (a temp folder when None): ``log.txt`` (the job log, streamed while it
 runs), ``result.json`` (the TrialResult) and ``launch.sh`` (the script the job runs).
 
+Metrics: slime's TensorBoard scalars, which the launch script prints into the job log after training
+(``attune.runners.slime.tbscalars``), when the log holds them; else the log's own lines. OOM and crash detection
+always read the log lines. ``extra["slime"]["metrics_source"]`` says which; ``extra["throughput"]`` holds both
+throughput definitions (over perf/actor_train_time, the result's ``tokens_per_s_per_gpu``, and over
+perf/step_time).
+
 Status mapping: a CUDA OOM -> "oom" (``oom_stage`` from the rank the log names, via the layout's rank order);
-a crash (traceback, Ray actor error, FAILED job) before the measurement window completed -> "failed" with
-the log tail; past the timeout the job is stopped -> "timeout"; otherwise "ok". A job that fails after
-every window step was measured is "ok" with the failure in ``reason`` and ``extra``.
+a crash (an NCCL timeout or error, a dead Ray actor, Ray's host-memory kill, a Python exception, a FAILED job)
+before the measurement window completed -> "failed" with its kind, the rank and pipeline stage where the log
+names them (``extra["crash"]``) and the log tail; past the timeout the job is stopped -> "timeout"; otherwise
+"ok". A job that fails after every window step was measured is "ok" with the failure in ``reason`` and
+``extra``.
 """
 
 from __future__ import annotations
@@ -24,9 +32,13 @@ from attune.runners.base import (FAILED, LOG_TAIL_CHARS, OK, OOM, TIMEOUT, Capab
 from attune.runners.ray.runner import RayJob, RayPayload, RayRunner
 from attune.runners.ray.jobs import JobOutcome
 from attune.runners.slime.launch import slime_command, stage_of_rank
-from attune.runners.slime.logparse import SlimeRun, parse_slime_log
+from attune.runners.slime.logparse import CrashInfo, SlimeRun, parse_slime_log
+from attune.runners.slime.preflight import PreflightFailed, run_preflight
+from attune.spec.hardware import Cluster
+from attune.spec.model import ModelSpec
+from attune.runners.slime.tbscalars import scalars_from_log, train_metrics
 
-__all__ = ["SlimeRunner", "SlimePayload", "slime_result", "SLIME_CAPABILITIES"]
+__all__ = ["SlimeRunner", "SlimePayload", "slime_result", "slime_run", "crash_stage", "SLIME_CAPABILITIES"]
 
 # A real 20-step slime run per trial: `attune tune` defaults to 12 measured trials and 48 proposals estimated
 # per trial; flags attune does not model pass straight to slime's launch.
@@ -38,16 +50,43 @@ def _tail(log: str) -> str:
     return log[-LOG_TAIL_CHARS:]
 
 
+# What a crash kind reads as in a failed trial's reason.
+_CRASH_WORDS = {"host_oom": "host memory exhausted (Ray's memory monitor killed a worker)",
+                "nccl_timeout": "NCCL collective timeout", "nccl_error": "NCCL error",
+                "actor_died": "Ray actor died", "exception": "exception", "job_failed": "job failed"}
+
+
+def crash_stage(crash: CrashInfo | None, spec: TrialSpec) -> int | None:
+    """The pipeline stage of the rank the crash names (Megatron's rank order), or None."""
+    if crash is None or crash.rank is None or not 0 <= crash.rank < spec.layout.world_size:
+        return None
+    return stage_of_rank(crash.rank, spec.layout)
+
+
+def slime_run(log: str, spec: TrialSpec) -> SlimeRun:
+    """The SlimeRun of a job log: training metrics from the TensorBoard scalars the log carries (else from its
+    lines), OOM and crash from its lines."""
+    files = scalars_from_log(log)
+    metrics = train_metrics(files) if files else None
+    return parse_slime_log(log, gpus=spec.layout.world_size, window=tuple(spec.workload.window), metrics=metrics)
+
+
 def slime_result(outcome: JobOutcome, spec: TrialSpec) -> TrialResult:
     """A TrialResult from a slime job's log and final status (pure: no I/O)."""
-    L, w = spec.layout, spec.workload
-    run: SlimeRun = parse_slime_log(outcome.log, gpus=L.world_size, window=tuple(w.window))
+    L = spec.layout
+    run: SlimeRun = slime_run(outcome.log, spec)
     ids = sorted(run.train_time_s)
     step_times = [run.train_time_s[i] for i in ids]
     a, b = run.window
     win_times = [run.train_time_s[i] for i in range(a, b + 1) if i in run.train_time_s]
     extra = {"slime": {k: v for k, v in run.to_dict().items() if k not in ("train_perf", "crash")},
-             "step_ids": ids}
+             "step_ids": ids,
+             "throughput": {"basis": run.throughput_basis, "tokens_per_s_per_gpu_actor_train_time": run.tokens_per_s_per_gpu,
+                            "tokens_per_s_per_gpu_step_time": run.tokens_per_s_per_gpu_step_time}}
+    stage = crash_stage(run.crash, spec)
+    if run.crash is not None:
+        extra["crash"] = {"kind": run.crash.kind, "rank": run.crash.rank, "stage": stage, "actor": run.crash.actor,
+                          "rollout_id": run.crash.rollout_id, "error": run.crash.error}
     common = dict(measured=True, step_times_s=step_times, losses=dict(run.loss), window=(a, b), extra=extra,
                   tokens_per_s_per_gpu=run.tokens_per_s_per_gpu, step_time_cv_percent=run.step_time_cv_percent,
                   step_time_s=step_time_stats(win_times).mean_s if win_times else None, window_tokens=run.window_tokens)
@@ -74,9 +113,18 @@ def slime_result(outcome: JobOutcome, spec: TrialSpec) -> TrialResult:
             reason = f"job {outcome.status.lower()} after the measurement window completed: {err}"
         return TrialResult(status=OK, reason=reason, **common)
     if run.crash is not None or job_failed:
-        err = (run.crash.error if run.crash and run.crash.error else None) or outcome.message or outcome.status
-        return TrialResult(status=FAILED, reason=f"slime job {outcome.status.lower()}: {err}",
-                           log_tail=(run.crash.tail if run.crash else _tail(outcome.log)), **common)
+        c = run.crash
+        err = (c.error if c and c.error else None) or outcome.message or outcome.status
+        where = ""
+        if c is not None:
+            parts = [f"pipeline stage {stage} (rank {c.rank})" if stage is not None else "",
+                     f"in {c.actor}" if c.actor and stage is None else "",
+                     f"at rollout {c.rollout_id}" if c.rollout_id is not None else ""]
+            where = " ".join(p for p in parts if p)
+            where = f"{_CRASH_WORDS.get(c.kind, c.kind)}" + (f" on {where}" if stage is not None else
+                                                               (f" {where}" if where else "")) + ": "
+        return TrialResult(status=FAILED, reason=f"slime job {outcome.status.lower()}: {where}{err}",
+                           log_tail=(c.tail if c else _tail(outcome.log)), **common)
     missing = ", ".join(map(str, run.window_missing[:10]))
     return TrialResult(status=FAILED, log_tail=_tail(outcome.log),
                        reason=f"job {outcome.status.lower()} without a complete window {a}..{b}: no train time for "
@@ -127,6 +175,16 @@ class SlimeRunner(RayRunner):
     def __init__(self, cluster_file: str | Path | None = None, async_: bool = True, **options):
         """cluster_file and options: as :class:`attune.runners.ray.runner.RayRunner`; async_: as SlimePayload."""
         super().__init__(SlimePayload(async_=async_), cluster_file=cluster_file, **options)
+
+    def preflight(self, model: ModelSpec, cluster: Cluster) -> None:
+        """The preflight job (attune.runners.slime.preflight) on the cluster of the cluster file; raises
+        PreflightFailed with the first missing things by name. Without a cluster file nothing is checked."""
+        if self.cluster_cfg is None:
+            return
+        report = run_preflight(self.jobs, self.cluster_cfg, model, python=self.python, study=self.study,
+                               poll_s=min(self.poll_s, 2.0))
+        if not report.ok:
+            raise PreflightFailed(report.reason())
 
     def slime_launch(self, spec: TrialSpec, trial: str | None = None):
         """The LaunchCommand of ``spec`` (as the job runs it, with ``trial`` as its id)."""

@@ -1,0 +1,323 @@
+"""The public corpus of measured runs (``shared/measurements``) as typed rows the estimator can predict.
+
+Every row of ``dense.yaml``, ``moe.yaml`` and ``memory.yaml`` becomes a ``CorpusRow``. A row attune can
+express carries a model, a cluster, a layout, a workload and an engine; one it cannot (fp8 and other
+low-precision regimes, MoE, an unknown GPU, a missing field, a layout that breaks a rule) is kept with the
+reason. Fields the source does not state are filled with the documented default of the engine that ran
+and named in ``assumptions``. The seed recipe's four observations are rows too (series ``seed``).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+import attune
+from attune.calibrate.rows import MEMORY, THROUGHPUT, Corpus, CorpusError, CorpusRow, MemoryObservation
+from attune.calibrate.seed import SEED_SERIES, seed_observations
+from attune.errors import AttuneError, UserInputError
+from attune.spec.engine import ENGINES, Engine, get_engine
+from attune.spec.hardware import GPUS, GiB, parse_cluster
+from attune.spec.layout import Layout, Workload
+from attune.spec.model import ModelSpec, from_geometry
+from attune.spec.rules import check
+
+CORPUS_FILES = ("dense.yaml", "moe.yaml", "memory.yaml")
+"""The corpus files read, in this order (shared/measurements/README.md)."""
+
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built in: the corpus parses ~10x faster
+
+# GPU strings of the corpus -> GPU table keys. Longest names first: "GB200" contains "B200".
+_GPU_NAMES = ("GB300", "GB200", "B300", "B200", "H200", "H100", "A100")
+
+def default_corpus_dir() -> Path | None:
+    """``shared/measurements`` beside the checkout (``<checkout>/../shared/measurements``), if it exists."""
+    p = Path(attune.__file__).resolve().parents[2] / "shared" / "measurements"
+    return p if p.is_dir() else None
+
+
+# ---------------------------------------------------------------------- reading
+class _Unexpressed(Exception):
+    """Internal: the row cannot be expressed; the message is the reason."""
+
+
+def _gpu_key(name: str) -> str:
+    up = (name or "").upper()
+    for key in _GPU_NAMES:
+        if key in up:
+            if key in GPUS:
+                return key
+            raise _Unexpressed(f"unknown GPU: {key} is not in the GPU table")
+    raise _Unexpressed(f"unknown GPU: '{name}'")
+
+
+LEGACY_BEFORE = 2023
+"""Megatron-LM releases before this year ran without FlashAttention and Transformer Engine (Megatron-LM added
+TE's FlashAttention path in 2023, core_r0.2.0 / NeMo 23.x); rows stating an older engine version use the
+``megatron-legacy`` engine."""
+
+
+def _year(version: str) -> int | None:
+    m = re.search(r"\b(20[12]\d)\b", version or "")
+    return int(m.group(1)) if m else None
+
+
+# Flags a row's notes state (e.g. "communication overlap on (--overlap-grad-reduce, ...)") -> Layout fields
+NOTE_FLAGS = {"--overlap-grad-reduce": "overlap_grad_reduce", "--overlap-param-gather": "overlap_param_gather",
+              "--tp-comm-overlap": "tp_comm_overlap"}
+
+# NeMo's performance recipes: the interleaving each model's recipe sets, for rows whose table leaves VPP out.
+# NVIDIA/NeMo nemo/collections/llm/recipes/nemotron4_340b.py (pretrain_recipe:
+# virtual_pipeline_parallelism=12) and gpt3_175b.py (virtual_pipeline_parallelism=6), 24.09-25.04 releases.
+NEMO_RECIPE_VPP = {"Nemotron-4 340B": 12, "GPT-3 175B": 6}
+
+
+def _engine(name: str, assumptions: list[str], version: str = "") -> Engine:
+    """attune's engine for the source's engine string. NeMo and Megatron-Bridge run megatron-core with
+    their recipes' defaults; they get their own engine where one exists."""
+    low = (name or "").lower()
+    if "slime" in low:
+        return get_engine("slime")
+    if ("nemo" in low or "bridge" in low) and "megatron-bridge" in ENGINES:
+        return get_engine("megatron-bridge")
+    if "deepspeed" in low:
+        assumptions.append("engine: Megatron-DeepSpeed estimated as Megatron-LM of its time (megatron-legacy: same model "
+                           "code, unfused attention with dropout, ZeRO-1 as the distributed optimizer)")
+        return get_engine("megatron-legacy")
+    if "megatron" in low or "nemo" in low:
+        year = _year(version)
+        if year is not None and year < LEGACY_BEFORE:
+            assumptions.append(f"engine: Megatron-LM of {year} (megatron-legacy: before FlashAttention and Transformer "
+                               f"Engine, attention and hidden dropout on)")
+            return get_engine("megatron-legacy")
+        return get_engine("megatron")
+    raise _Unexpressed(f"unknown engine '{name}'")
+
+
+def _need(row: dict, key: str):
+    v = row.get(key)
+    if v is None:
+        raise _Unexpressed(f"missing field: {key}")
+    return v
+
+
+def model_from_geometry(g: dict, seq_length: int) -> ModelSpec:
+    """A dense decoder from the row's geometry (``attune.spec.model.from_geometry``); BLOOM uses ALiBi. A
+    row without a vocabulary (component rows counting the transformer layers only) gets vocab 0."""
+    name = str(_need(g, "name"))
+    dims = {k: int(_need(g, k)) for k in ("layers", "hidden", "ffn", "heads")}
+    return from_geometry(name=name, **dims, kv_heads=int(g.get("kv_heads") or dims["heads"]),
+                         vocab=int(g.get("vocab") or 0), mlp=str(g.get("mlp") or "gelu"), seq_length=seq_length,
+                         positions="alibi" if "bloom" in name.lower() else None,
+                         source=str(g.get("arch_source") or ""))
+
+
+def _recompute(value, assumptions: list[str]) -> dict:
+    if value is None:
+        assumptions.append("recompute: not stated, none (the NeMo / Megatron-LM performance recipes' default)")
+        return dict(recompute_granularity="none")
+    v = str(value).lower()
+    if v.startswith("none"):
+        return dict(recompute_granularity="none")
+    if v.startswith("selective"):
+        if "recompute_modules" in v and "core_attn" not in v and "[]" not in v:
+            raise _Unexpressed(f"recompute '{value}': only core-attention selective recompute is modelled")
+        return dict(recompute_granularity="selective") if "[]" not in v else dict(recompute_granularity="none")
+    if v.startswith("full"):
+        # DeepSpeed's --checkpoint-activations and Megatron's full recompute keep each layer's input
+        return dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    raise _Unexpressed(f"recompute '{value}' is not understood")
+
+
+def _layout(row: dict, model: ModelSpec, engine: Engine, assumptions: list[str]) -> tuple[Layout, Workload]:
+    n = int(_need(row, "num_gpus"))
+    tp, pp = int(_need(row, "tp")), int(_need(row, "pp"))
+    cp = int(row.get("cp") or 1)
+    dp = row.get("dp")
+    if dp is None:
+        if n % (tp * pp * cp):
+            raise _Unexpressed(f"layout: {n} GPUs is not a multiple of TP x PP x CP = {tp * pp * cp}")
+        dp = n // (tp * pp * cp)
+        assumptions.append(f"dp: not stated, {dp} = GPUs / (TP x PP x CP)")
+    dp = int(dp)
+    if tp * pp * cp * dp != n:
+        raise _Unexpressed(f"layout: TP {tp} x PP {pp} x CP {cp} x DP {dp} != {n} GPUs")
+    first = last = None
+    if pp > 2 and model.num_layers % pp:
+        # the embedding stages take fewer layers: the middle stages ceil(L / PP), first and last share the rest
+        # (BLOOM's 5 + 6 x 10 + 5 over PP 12)
+        mid = -(-model.num_layers // pp)
+        rest = model.num_layers - mid * (pp - 2)
+        if rest >= 2 and rest % 2 == 0:
+            first = last = rest // 2
+            assumptions.append(f"layer split: {model.num_layers} layers over PP {pp} as {first} + {mid} x {pp - 2} + {last}")
+    vpp = row.get("vpp")
+    if vpp is None:
+        vpp = 1
+        recipe_vpp = NEMO_RECIPE_VPP.get(model.name) if engine.name == "megatron-bridge" else None
+        if pp > 1 and recipe_vpp and model.num_layers % (pp * recipe_vpp) == 0:
+            vpp = recipe_vpp
+            assumptions.append(f"vpp: not stated, {vpp} (the NeMo performance recipe of {model.name} sets "
+                               f"virtual_pipeline_parallelism={vpp})")
+        elif pp > 1:
+            assumptions.append("vpp: not stated, no interleaving")
+    sp = row.get("sp")
+    if sp is None:
+        sp = tp > 1
+        if tp > 1:
+            assumptions.append("sp: not stated, on (NeMo / Megatron-LM performance recipes enable it with TP > 1)")
+    dist = row.get("dist_optimizer")
+    if dist is None:
+        dist = True
+        assumptions.append("dist_optimizer: not stated, on (NeMo / Megatron-LM performance recipes' default)")
+    elif isinstance(dist, str):
+        dist = "zero" in dist.lower() or "distributed" in dist.lower()
+    mbs = row.get("micro_batch")
+    if mbs is None:
+        mbs = 1
+        assumptions.append("micro_batch: not stated, 1")
+    seq, gbs = int(_need(row, "seq_len")), int(_need(row, "global_batch"))
+    if gbs % (dp * int(mbs)):
+        raise _Unexpressed(f"layout: global batch {gbs} is not a multiple of DP {dp} x micro batch {mbs}")
+    precision = "fp16" if row.get("precision_class") == "fp16" else "bf16"
+    notes = str(row.get("notes") or "")
+    stated = {field: True for flag, field in NOTE_FLAGS.items() if re.search(re.escape(flag) + r"(?![\w-])", notes)}
+    if stated:
+        assumptions.append("from the notes: " + ", ".join(f for f in NOTE_FLAGS if NOTE_FLAGS[f] in stated))
+    try:
+        layout = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vpp=int(vpp), sp=bool(sp), micro_batch_size=int(mbs), first=first, last=last,
+                        distributed_optimizer=bool(dist), precision=precision, **stated,
+                        **_recompute(row.get("recompute"), assumptions))
+        wl = Workload(seq_length=seq, global_batch=gbs)
+    except UserInputError as e:
+        raise _Unexpressed(f"layout: {e}") from None
+    broken = check(layout, model, n, wl, engine)
+    if broken:
+        raise _Unexpressed(f"layout rule: {broken[0]}")
+    return layout, wl
+
+
+def _throughput(row: dict) -> float:
+    d = row.get("derived") or {}
+    if d.get("tokens_per_s_per_gpu"):
+        return float(d["tokens_per_s_per_gpu"])
+    m = row.get("measured") or {}
+    if m.get("metric") == "step_time_s" and m.get("value"):
+        # tokens/s/GPU = global batch x sequence length / step time / GPUs (README "derived")
+        return float(_need(row, "global_batch")) * float(_need(row, "seq_len")) / float(m["value"]) / float(
+            _need(row, "num_gpus"))
+    raise _Unexpressed("missing field: derived.tokens_per_s_per_gpu (and no step time)")
+
+
+def _gib(value_gb: float) -> float:
+    return value_gb * 1e9 / GiB
+
+
+def _memory(mem: dict) -> MemoryObservation:
+    metric = str(mem.get("metric") or "")
+    fits = mem.get("fits")
+    fits = None if fits is None else bool(fits)
+    if "params_grads_optimizer_GiB" in mem or "activations_GiB" in mem:
+        comps = {}
+        if mem.get("params_grads_optimizer_GiB"):
+            comps["states"] = float(mem["params_grads_optimizer_GiB"])
+        if mem.get("activations_GiB"):
+            comps["activations"] = float(mem["activations_GiB"])
+        stage = 0 if "first pipeline stage" in metric else None
+        return MemoryObservation(fits=fits, stage=stage, components_gib=comps, metric=metric)
+    if "peak_memory_usage" in metric:
+        # NeMo's MegatronStrategy logs peak_memory_usage = torch.cuda.max_memory_reserved() with
+        # log_memory_usage on; its memory_allocated is the allocation at the step's end, not a peak
+        gib = mem.get("value_GiB") or (mem.get("value_bytes") and mem["value_bytes"] / GiB)
+        return MemoryObservation(fits=fits, peak_reserved_gib=float(gib) if gib else None, metric=metric)
+    if "peak allocated" in metric.lower() and mem.get("value"):
+        return MemoryObservation(fits=fits, peak_allocated_gib=_gib(float(mem["value"])), metric=metric)
+    return MemoryObservation(fits=fits, metric=metric)
+
+
+def _series(row: dict) -> str:
+    """The row's series; memory rows name none: their id's first three parts (``mem-korthikanti2022-fig1``)."""
+    if row.get("series"):
+        return str(row["series"])
+    return "-".join(str(row["id"]).split("-")[:3])
+
+
+def read_row(row: dict, file: str) -> CorpusRow:
+    """One corpus row, expressed or with the reason it is not."""
+    if not isinstance(row, dict) or not row.get("id"):
+        raise CorpusError(f"{file}: a row without an id (every row needs id, model, layout, measured)")
+    rid = str(row["id"])
+    kinds = (MEMORY,) if file == "memory.yaml" else (THROUGHPUT,)
+    src = row.get("source") or {}
+    base = dict(id=rid, series=_series(row), file=file, kinds=kinds,
+                source=str(src.get("url") or src.get("path") or ""), gpu_name=str(row.get("gpu") or ""),
+                engine_name=str(row.get("engine") or ""), precision=str(row.get("precision_class") or ""))
+    assumptions: list[str] = []
+    try:
+        g = row.get("model") or {}
+        pc = row.get("precision_class")
+        if row.get("low_precision") or (pc and pc not in ("bf16", "fp16")):
+            raise _Unexpressed(f"not modelled: {pc or 'low precision'}")
+        if g.get("moe") or file == "moe.yaml" or g.get("experts") or (row.get("ep") or 1) > 1:
+            raise _Unexpressed("not modelled: MoE (issue 14)")
+        if pc is None:
+            raise _Unexpressed("missing field: precision_class")
+        key = _gpu_key(str(row.get("gpu") or ""))
+        engine = _engine(str(row.get("engine") or ""), assumptions, str(row.get("engine_version") or ""))
+        seq = int(_need(row, "seq_len"))
+        model = model_from_geometry(g, seq)
+        if not g.get("vocab"):
+            assumptions.append("vocab: not stated, 0 (the row's figures count the transformer layers only)")
+        cluster = parse_cluster(f"{int(_need(row, 'num_gpus'))}x{key}")
+        layout, wl = _layout(row, model, engine, assumptions)
+        tps = _throughput(row) if file != "memory.yaml" else None
+        mem = _memory(row["memory"]) if row.get("memory") else None
+    except _Unexpressed as e:
+        return CorpusRow(**base, reason=str(e), assumptions=tuple(assumptions))
+    except AttuneError as e:  # the spec refused the geometry or the GPU count
+        return CorpusRow(**base, reason=f"not expressible: {e}", assumptions=tuple(assumptions))
+    return CorpusRow(**base, model=model, cluster=cluster, layout=layout, workload=wl, engine=engine,
+                     tokens_per_s_per_gpu=tps, memory=mem, assumptions=tuple(assumptions))
+
+
+def read_file(path: Path) -> list[dict]:
+    try:
+        data = yaml.load(path.read_text(), Loader=_LOADER)
+    except yaml.YAMLError as e:
+        raise CorpusError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    except OSError as e:
+        raise CorpusError(f"{path}: cannot be read ({e.strerror})") from None
+    if data is None:
+        return []
+    if not isinstance(data, list):
+        raise CorpusError(f"{path}: expected a list of rows, got {type(data).__name__}")
+    return data
+
+
+def load_corpus(directory: Path | str | None = None, include_seed: bool = True) -> Corpus:
+    """Read the corpus folder (default: ``shared/measurements`` beside the checkout) into rows.
+
+    The folder must hold at least one of ``dense.yaml``, ``moe.yaml``, ``memory.yaml``; raises
+    ``CorpusError`` (exit 2) otherwise.
+    """
+    if directory is None:
+        directory = default_corpus_dir()
+        if directory is None:
+            raise CorpusError("no corpus folder: pass --corpus DIR (a folder with dense.yaml, moe.yaml, memory.yaml "
+                              "as in shared/measurements)")
+    d = Path(directory)
+    if not d.is_dir():
+        raise CorpusError(f"--corpus {d}: no such folder (expected one with {', '.join(CORPUS_FILES)})")
+    present = [f for f in CORPUS_FILES if (d / f).is_file()]
+    if not present:
+        raise CorpusError(f"--corpus {d}: holds none of {', '.join(CORPUS_FILES)}")
+    rows: list[CorpusRow] = list(seed_observations()) if include_seed else []
+    for f in present:
+        rows.extend(read_row(r, f) for r in read_file(d / f))
+    return Corpus(rows=tuple(rows), directory=str(d))
+
+
+__all__ = ["Corpus", "CorpusRow", "CorpusError", "MemoryObservation", "load_corpus", "default_corpus_dir",
+           "model_from_geometry", "read_row", "SEED_SERIES", "THROUGHPUT", "MEMORY"]

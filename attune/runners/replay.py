@@ -1,0 +1,249 @@
+"""The `replay` runner: answers a trial from a table of measured outcomes instead of running anything.
+
+Table format (CSV with a header row, or YAML: a list of mappings or `{rows: [...]}`), one row per layout:
+
+=========================  ==========  =========================================================================
+column                     required    meaning
+=========================  ==========  =========================================================================
+``flags``                  yes         the layout's Megatron-LM / slime flags (as ``attune estimate -- ...``)
+``outcome``                yes         ``ok``, ``oom`` or ``failed``
+``tokens_per_s_per_gpu``   yes         measured throughput (rows with outcome ok), tokens/s/GPU
+``step_time_s``            yes         mean step time over the window (outcome ok), s
+``peak_gib``               no          peak memory per pipeline stage, ``;``-separated, GiB
+``oom_stage``              no          the stage that ran out of memory (outcome oom)
+``gpu_hours``              no          GPU-hours the run cost; default GPUs x steps x step time
+=========================  ==========  =========================================================================
+
+A ``trials.csv`` written by an earlier study is read as-is: its measured rows (``role`` set), the layout from
+its layout columns, the outcome from ``outcome`` or the trial state (COMPLETE ok, PRUNED oom, FAIL failed),
+the throughput from ``measured_tokens_per_s_per_gpu`` (or the prediction of a ``sim`` study). Layouts are
+matched by TP, SP, PP, the layers of every stage, VPP, CP, recompute, optimizer offload and batching; a
+layout missing from the table fails its trial with "not in the table".
+"""
+
+from __future__ import annotations
+
+import csv
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from attune.errors import FlagError, LayoutError, UserInputError
+from attune.runners.base import FAILED, OK, OOM, Capabilities, Runner, TrialResult, TrialSpec
+from attune.spec.flags import from_flags
+from attune.spec.layout import Layout
+from attune.spec.model import ModelSpec
+from attune.spec.placement import stage_layer_counts
+from attune.spec.rules import check
+
+__all__ = ["ReplayRunner", "ReplayRow", "ReplayTableError", "replay_key", "REQUIRED_COLUMNS"]
+
+REQUIRED_COLUMNS = ("flags", "outcome", "tokens_per_s_per_gpu", "step_time_s")
+OPTIONAL_COLUMNS = ("peak_gib", "oom_stage", "gpu_hours")
+OUTCOMES = (OK, OOM, FAILED)
+# trials.csv: the columns that identify it and carry its layout (attune.reporting.trials_csv)
+TRIALS_CSV_COLUMNS = ("state", "role", "tp", "pp", "cp", "vpp")
+_STATE_OUTCOME = {"COMPLETE": OK, "PRUNED": OOM, "FAIL": FAILED}
+
+
+class ReplayTableError(UserInputError):
+    """A measurements table the replay runner cannot read (exit code 2)."""
+
+
+def replay_key(layout: Layout, num_layers: int) -> tuple:
+    """What identifies a layout in a replay table (DP is derived; uniform recompute ignores N)."""
+    uniform = layout.recompute_method == "uniform"
+    full = layout.recompute_granularity == "full"
+    return (layout.tp, bool(layout.sp and layout.tp > 1), layout.pp, tuple(stage_layer_counts(layout, num_layers)),
+            layout.vpp, layout.cp, layout.recompute_granularity, layout.recompute_method if full else None,
+            (0 if uniform else layout.recompute_num_layers) if full else None, bool(layout.optimizer_cpu_offload),
+            layout.max_tokens_per_gpu or None, None if layout.max_tokens_per_gpu else layout.micro_batch_size)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayRow:
+    """One row of a replay table."""
+
+    line: int
+    """Row number in the file (header is row 1), for messages."""
+    layout: Layout
+    """The layout the row measured."""
+    outcome: str
+    """ok, oom or failed."""
+    tokens_per_s_per_gpu: float | None = None
+    """Measured throughput, tokens/s/GPU (outcome ok)."""
+    step_time_s: float | None = None
+    """Mean step time, s (outcome ok)."""
+    peak_gib: tuple[float, ...] = ()
+    """Peak memory per pipeline stage, GiB."""
+    oom_stage: int | None = None
+    """Stage that ran out of memory."""
+    gpu_hours: float | None = None
+    """GPU-hours the run cost (None: GPUs x steps x step time)."""
+
+    def __post_init__(self) -> None:
+        if self.outcome not in OUTCOMES:
+            raise ReplayTableError(f"row {self.line}: outcome '{self.outcome}'; allowed: {', '.join(OUTCOMES)}")
+        if self.outcome == OK and not (self.tokens_per_s_per_gpu and self.tokens_per_s_per_gpu > 0):
+            raise ReplayTableError(f"row {self.line}: outcome ok needs a positive tokens_per_s_per_gpu")
+
+
+def _num(v, kind, where: str):
+    if v is None or (isinstance(v, str) and not v.strip()):
+        return None
+    try:
+        return kind(float(v)) if kind is int else kind(v)
+    except (TypeError, ValueError):
+        raise ReplayTableError(f"{where}: {v!r} is not a number") from None
+
+
+def _bool(v) -> bool:
+    return str(v).strip().lower() in ("true", "1", "yes")
+
+
+def _read_rows(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise ReplayTableError(f"{path}: no such measurements file (a CSV or YAML table, see the README)")
+    text = path.read_text()
+    if path.suffix.lower() in (".yaml", ".yml"):
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise ReplayTableError(f"{path}: malformed YAML") from None
+        rows = data.get("rows") if isinstance(data, dict) else data
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise ReplayTableError(f"{path}: expected a list of rows (mappings) or {{rows: [...]}}")
+        return [{str(k): ("" if v is None else v) for k, v in r.items()} for r in rows]
+    reader = csv.DictReader(text.splitlines())
+    return [dict(r) for r in reader] if reader.fieldnames else []
+
+
+class ReplayRunner(Runner):
+    """Answers each trial from `measurements` (module docstring); runs nothing."""
+
+    name = "replay"
+    capabilities = Capabilities(measured=True, default_trials=20, default_candidates=8, needs_measurements=True,
+                                verifiable=False)
+
+    def __init__(self, measurements: str | Path | None = None, *, model: ModelSpec | None = None,
+                 world_size: int | None = None, rows: list[ReplayRow] | None = None):
+        if rows is None:
+            if measurements is None or model is None or world_size is None:
+                raise UserInputError("the replay runner needs --measurements FILE (a CSV or YAML table)")
+            rows = self.read(measurements, model, world_size)
+        self.source = str(measurements) if measurements is not None else "the given rows"
+        self.rows = rows
+        self._num_layers = model.num_layers if model is not None else None
+        self._table: dict[tuple, ReplayRow] = {}
+        if self._num_layers is not None:
+            self._index(self._num_layers)
+
+    def _index(self, num_layers: int) -> None:
+        table: dict[tuple, ReplayRow] = {}
+        for r in self.rows:
+            k = replay_key(r.layout, num_layers)
+            if k in table:
+                raise ReplayTableError(f"{self.source}: rows {table[k].line} and {r.line} are the same layout "
+                                       f"({r.layout.label()}); keep one row per layout")
+            table[k] = r
+        self._table, self._num_layers = table, num_layers
+
+    @classmethod
+    def read(cls, path: str | Path, model: ModelSpec, world_size: int) -> list[ReplayRow]:
+        """The rows of a measurements table (a flags table or a trials.csv); ReplayTableError on bad input."""
+        path = Path(path)
+        raw = _read_rows(path)
+        if not raw:
+            raise ReplayTableError(f"{path}: no rows (a header and one row per layout: {', '.join(REQUIRED_COLUMNS)})")
+        cols = set(raw[0])
+        if "flags" not in cols and set(TRIALS_CSV_COLUMNS) <= cols:
+            return cls._from_trials_csv(path, raw, model, world_size)
+        missing = [c for c in REQUIRED_COLUMNS if c not in cols]
+        if missing:
+            raise ReplayTableError(f"{path}: missing column(s) {', '.join(missing)}; required: "
+                                   f"{', '.join(REQUIRED_COLUMNS)} (optional: {', '.join(OPTIONAL_COLUMNS)})")
+        rows = []
+        for n, r in enumerate(raw, start=2):
+            where = f"{path} row {n}"
+            try:
+                parsed = from_flags(shlex.split(str(r["flags"])), model, world_size)
+            except (FlagError, LayoutError) as e:
+                raise ReplayTableError(f"{where}: {str(e).splitlines()[0]}") from None
+            if parsed.ignored:
+                raise ReplayTableError(f"{where}: unknown flag {parsed.ignored[0]} (not a layout or workload flag "
+                                       f"of attune's flag table)")
+            peaks = tuple(_num(x, float, f"{where} peak_gib") for x in str(r.get("peak_gib") or "").split(";")
+                          if x.strip())
+            rows.append(ReplayRow(line=n, layout=parsed.layout, outcome=str(r["outcome"]).strip().lower(),
+                                  tokens_per_s_per_gpu=_num(r["tokens_per_s_per_gpu"], float, f"{where} tokens_per_s_per_gpu"),
+                                  step_time_s=_num(r["step_time_s"], float, f"{where} step_time_s"), peak_gib=peaks,
+                                  oom_stage=_num(r.get("oom_stage"), int, f"{where} oom_stage"),
+                                  gpu_hours=_num(r.get("gpu_hours"), float, f"{where} gpu_hours")))
+        return rows
+
+    @staticmethod
+    def _from_trials_csv(path: Path, raw: list[dict], model: ModelSpec, world_size: int) -> list[ReplayRow]:
+        rows, seen = [], {}
+        for n, r in enumerate(raw, start=2):
+            if not r.get("role") or r.get("state") not in _STATE_OUTCOME:
+                continue
+            where = f"{path} row {n}"
+            g = lambda k: r.get(k) if r.get(k) not in (None, "") else None  # noqa: E731
+            try:
+                lay = Layout(tp=_num(g("tp"), int, where), pp=_num(g("pp"), int, where), cp=_num(g("cp"), int, where),
+                             dp=_num(g("dp"), int, where) or 1, sp=_bool(g("sp")), first=_num(g("first"), int, where),
+                             last=_num(g("last"), int, where), vpp=_num(g("vpp"), int, where) or 1,
+                             recompute_granularity=g("recompute_granularity") or "none",
+                             recompute_method=g("recompute_method"),
+                             recompute_num_layers=_num(g("recompute_num_layers"), int, where),
+                             optimizer_cpu_offload=_bool(g("optimizer_cpu_offload")),
+                             max_tokens_per_gpu=_num(g("max_tokens_per_gpu"), int, where))
+            except LayoutError as e:
+                raise ReplayTableError(f"{where}: {e}") from None
+            outcome = (g("outcome") or _STATE_OUTCOME[r["state"]]).lower()
+            tps = _num(g("measured_tokens_per_s_per_gpu"), float, where)
+            if tps is None and outcome == OK and g("runner") == "sim":
+                tps = _num(g("predicted_tokens_per_s_per_gpu"), float, where)
+            if outcome == OK and tps is None:
+                outcome = FAILED
+            peak = _num(g("measured_peak_gib"), float, where)
+            row = ReplayRow(line=n, layout=lay, outcome=outcome, tokens_per_s_per_gpu=tps,
+                            step_time_s=_num(g("step_time_s"), float, where), peak_gib=(peak,) if peak else (),
+                            oom_stage=_num(g("predicted_peak_stage"), int, where) if outcome == OOM else None,
+                            gpu_hours=_num(g("gpu_hours"), float, where))
+            k = replay_key(lay, model.num_layers)
+            if k in seen and seen[k].outcome != FAILED and row.outcome == FAILED:
+                continue  # a failed re-measurement of a layout the study measured (retries)
+            seen[k] = row
+        rows = sorted(seen.values(), key=lambda x: x.line)
+        if not rows:
+            raise ReplayTableError(f"{path}: a trials.csv without measured trials (no row has a role)")
+        return rows
+
+    def check(self, spec: TrialSpec) -> list[str]:
+        return check(spec.layout, spec.model, spec.cluster.world_size, spec.workload, spec.engine)
+
+    def _execute(self, spec: TrialSpec, trial_dir: Path) -> TrialResult:
+        if self._num_layers != spec.model.num_layers:
+            self._index(spec.model.num_layers)
+        row = self._table.get(replay_key(spec.layout, spec.model.num_layers))
+        if row is None:
+            return TrialResult(status=FAILED, measured=True,
+                               reason=f"layout {spec.layout.label()} not in the table {self.source}")
+        w, gpus = spec.workload, spec.cluster.world_size
+        if row.outcome == OOM:
+            return TrialResult(status=OOM, measured=True, peak_memory_gib=list(row.peak_gib), oom_stage=row.oom_stage,
+                               reason=f"out of memory (replayed from {self.source} row {row.line})",
+                               gpu_hours=row.gpu_hours or 0.0)
+        if row.outcome == FAILED:
+            return TrialResult(status=FAILED, measured=True, reason=f"failed (replayed from {self.source} row {row.line})",
+                               gpu_hours=row.gpu_hours or 0.0)
+        step = row.step_time_s or w.tokens_per_step / (row.tokens_per_s_per_gpu * gpus)
+        a, b = w.window
+        hours = row.gpu_hours if row.gpu_hours is not None else gpus * w.steps * step / 3600.0
+        return TrialResult(status=OK, measured=True, tokens_per_s_per_gpu=row.tokens_per_s_per_gpu, step_time_s=step,
+                           step_time_cv_percent=None, step_times_s=[step] * w.steps, peak_memory_gib=list(row.peak_gib),
+                           window=(a, b), window_tokens=w.tokens_per_step * (b - a + 1), gpu_hours=hours,
+                           extra={"replayed_from": self.source, "row": row.line})

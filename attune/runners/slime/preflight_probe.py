@@ -1,0 +1,143 @@
+"""The preflight job's driver: check every node of the Ray cluster for what a slime study needs.
+
+Run as the Ray job's entrypoint (``attune.runners.slime.preflight`` submits it)::
+
+    python3 -m attune.runners.slime.preflight_probe '<json: paths, python>'
+
+It connects to the job's Ray cluster, runs :func:`node_checks` once on every alive node (a zero-CPU task
+pinned to the node with ``NodeAffinitySchedulingStrategy(soft=False)``) and prints one line,
+``attune-preflight: {json}``, with each node's findings. Run with ``-m`` this module is ``__main__``, so Ray
+ships :func:`node_checks` to the nodes by value: it runs on a node where attune is NOT importable and then
+reports that, instead of failing to unpickle.
+
+What a node reports (raw facts; ``attune.runners.slime.preflight`` judges them against the cluster file and
+the model): the slime and Megatron-LM checkouts and whether ``import slime`` / ``import megatron.core`` work
+in the training image's interpreter with them on PYTHONPATH (a subprocess, as the launch sets PYTHONPATH);
+the HF checkpoint's ``config.json``; the torch_dist checkpoint's tracker file
+(``latest_checkpointed_iteration.txt``, Megatron-LM's ``get_checkpoint_tracker_filename``); the first bytes of
+the data file (a parquet file starts with ``PAR1``); whether ``import attune`` works in the task (what the job's
+runtime_env gives slime's actors); the GPUs (``nvidia-smi --query-gpu=name,memory.total``) and the NVLink
+count (``nvidia-smi topo -m``, as slime's scripts and attune's launch count it).
+"""
+# entry point: run as the preflight Ray job's driver; prints one line
+
+from __future__ import annotations
+
+import json
+import sys
+
+__all__ = ["node_checks", "MARKER", "main"]
+
+MARKER = "attune-preflight: "
+# Seconds for the import check of slime and Megatron-LM (importing megatron.core pulls in torch) and nvidia-smi.
+IMPORT_TIMEOUT_S = 180
+SMI_TIMEOUT_S = 30
+
+
+def node_checks(paths: dict, python: str) -> dict:
+    """Facts about this node (everything a slime trial will need from it). Never raises: each failure is
+    reported as text. Self-contained (no attune import outside the attune check)."""
+    import importlib
+    import os
+    import re
+    import socket
+    import subprocess
+
+    out: dict = {"host": socket.gethostname()}
+
+    def run(cmd, timeout, env=None):
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+            return p.returncode, p.stdout, p.stderr
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return None, "", f"{type(e).__name__}: {e}"
+
+    for key in ("slime", "megatron"):
+        d = paths.get(key) or ""
+        out[f"{key}_dir"] = os.path.isdir(d)
+    out["slime_entrypoint"] = os.path.isfile(os.path.join(paths.get("slime") or "", "train_async.py"))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([paths.get("slime") or "", paths.get("megatron") or "",
+                                         env.get("PYTHONPATH", "")])
+    code = ("import importlib, json\nres = {}\nfor m in ('slime', 'megatron.core'):\n"
+            "    try:\n        importlib.import_module(m); res[m] = None\n"
+            "    except BaseException as e:\n        res[m] = f'{type(e).__name__}: {e}'.splitlines()[0][:300]\n"
+            "print('IMPORTS ' + json.dumps(res))\n")
+    rc, stdout, stderr = run([python, "-c", code], IMPORT_TIMEOUT_S, env)
+    line = next((x for x in stdout.splitlines() if x.startswith("IMPORTS ")), None)
+    if line is not None:
+        out["imports"] = json.loads(line[len("IMPORTS "):])
+    else:
+        why = (stderr.strip().splitlines() or [f"exit status {rc}"])[-1][:300]
+        out["imports"] = {"slime": f"{python} did not run: {why}", "megatron.core": f"{python} did not run: {why}"}
+
+    hf = paths.get("hf_checkpoint") or ""
+    out["hf_dir"] = os.path.isdir(hf)
+    try:
+        with open(os.path.join(hf, "config.json"), encoding="utf-8") as f:
+            out["hf_config"] = json.load(f)
+    except (OSError, ValueError) as e:
+        out["hf_config"] = None
+        out["hf_config_error"] = f"{type(e).__name__}: {e}"[:300]
+    td = paths.get("torch_dist") or ""
+    out["torch_dist_dir"] = os.path.isdir(td)
+    out["torch_dist_tracker"] = os.path.isfile(os.path.join(td, "latest_checkpointed_iteration.txt"))
+    data = paths.get("sft_data") or ""
+    try:
+        with open(data, "rb") as f:
+            out["data_head"] = f.read(4).hex()
+        out["data_bytes"] = os.path.getsize(data)
+    except OSError as e:
+        out["data_head"] = None
+        out["data_error"] = f"{type(e).__name__}: {e}"[:300]
+
+    try:
+        mod = importlib.import_module("attune")
+        out["attune"] = os.path.dirname(mod.__file__ or "")
+    except BaseException as e:  # noqa: BLE001 - reported, not raised
+        out["attune"] = None
+        out["attune_error"] = f"{type(e).__name__}: {e}"[:300]
+
+    rc, stdout, stderr = run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+                             SMI_TIMEOUT_S)
+    gpus = []
+    if rc == 0:
+        for row in stdout.strip().splitlines():
+            name, _, mem = row.rpartition(",")
+            try:
+                gpus.append({"name": name.strip(), "memory_mib": float(mem)})
+            except ValueError:
+                continue
+    out["gpus"] = gpus
+    out["nvidia_smi"] = None if rc == 0 else (stderr.strip().splitlines() or ["not found"])[-1][:200]
+    rc, stdout, _ = run(["nvidia-smi", "topo", "-m"], SMI_TIMEOUT_S)
+    out["nvlink_count"] = len(re.findall(r"NV\d+", stdout)) if rc == 0 else None
+    return out
+
+
+def main(argv: list[str]) -> int:
+    """Run node_checks on every alive node of the job's cluster and print the marker line."""
+    spec = json.loads(argv[0])
+    import ray  # the job's driver: ray is there (the job runs under Ray)
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    task = ray.remote(num_cpus=0)(node_checks)
+    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=n["NodeID"], soft=False))
+            .remote(spec["paths"], spec["python"]) for n in nodes]
+    results = []
+    for n, ref in zip(nodes, refs):
+        try:
+            r = ray.get(ref, timeout=spec.get("timeout_s", 600))
+        except Exception as e:  # noqa: BLE001 - a node that cannot run the task is a finding
+            r = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
+        r.update(node_id=n["NodeID"], node_ip=n.get("NodeManagerAddress"),
+                 ray_gpus=float((n.get("Resources") or {}).get("GPU", 0)))
+        results.append(r)
+    print(MARKER + json.dumps({"nodes": results}, separators=(",", ":")), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,277 @@
+"""`ModelGuidedSampler`: an Optuna sampler that proposes the layout with the best expected improvement under the
+study's recalibrated model.
+
+The whole space is scored once (`attune.search.scoring.score_space`). For each proposal, over every layout
+not RUNNING, queued or already measured in the study (`busy_or_done_keys`) and predicted to fit in memory:
+
+* mean: log of the predicted tokens/s/GPU with the study's recalibrated coefficients (`recalibrate`), plus a
+  Gaussian-process correction from the residuals of the measured layouts (log measured / predicted), with an
+  exponential kernel over knob distance (`attune.search.space.layout_features`, correlation length
+  KERNEL_LENGTH knob steps);
+* spread: the GP's posterior standard deviation: 0 at a measured layout, growing with the knob distance from
+  the measured layouts to the prior scale, itself shrunk toward the residuals seen so far
+  (`PRIOR_SPREAD` with `PRIOR_WEIGHT` pseudo-observations);
+* probability of fitting in memory: predicted peak plus the recalibrated stage offsets against capacity,
+  with MEMORY_SPREAD_GIB of spread;
+* acquisition: expected improvement over the best measured result, times the probability of fitting.
+
+A runner that is not measured (`sim`: the model is the measurement) has no spread: the sampler proposes the
+model's optimum and the stop rule ends the study once it is measured.
+
+Stop rule (`Assessment.should_stop`): no candidate has more than `p_stop` probability of beating the best
+measured by more than `min_gain`. The estimated remaining regret is the largest expected improvement.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import optuna
+from optuna.samplers import BaseSampler, RandomSampler
+from scipy.special import ndtr
+
+from attune.estimator import estimate
+from attune.estimator.coefficients import Coefficients
+from attune.search.recalibrate import POSITIONS, THROUGHPUT_NOISE, Calibration, Measurement, recalibrate
+from attune.search.scoring import ScoredSpace
+from attune.search.space import layout_features, layout_key, params_key
+from attune.spec.layout import Layout
+
+# prior spread of the recalibrated model's log throughput error away from measured layouts (10%: the seed
+# recipe's measured layouts are predicted within a few percent, untried regions of the space less well)
+PRIOR_SPREAD = 0.10
+# weight of that prior, in pseudo-observations, against the residuals of the study's measurements
+PRIOR_WEIGHT = 2.0
+# correlation length of the residual GP over knob distance (knob steps, see space.FEATURES)
+KERNEL_LENGTH = 2.0
+# spread of the recalibrated memory prediction, GiB (allocator fragmentation between runs)
+MEMORY_SPREAD_GIB = 1.0
+# layouts re-estimated exactly after a recalibration (the best by the linearised rescoring)
+EXACT_TOP = 32
+# the states in which a trial's layout is taken (running, queued, or measured)
+_LIVE = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
+
+
+def busy_or_done_keys(study: optuna.Study) -> set:
+    """layout_key and params_key of every trial of the study that is RUNNING, queued (WAITING) or measured
+    (has a role); proposals that were only estimated (TPE sampler's pruned trials) do not count."""
+    keys: set = set()
+    for t in study.get_trials(deepcopy=False):
+        if t.state not in _LIVE and t.user_attrs.get("role") is None:
+            continue
+        lay = t.user_attrs.get("layout")
+        if lay:
+            keys.add(layout_key(lay))
+        if t.params:
+            keys.add(params_key(t.params))
+    return keys
+
+
+def measurements_of(study: optuna.Study) -> list[tuple[int, Measurement]]:
+    """(trial number, Measurement) of every finished measured trial."""
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
+                                                      optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)):
+        a = t.user_attrs
+        if a.get("role") is None or not a.get("layout"):
+            continue
+        done = t.state == optuna.trial.TrialState.COMPLETE and t.value
+        out.append((t.number, Measurement(layout=Layout(**a["layout"]),
+                                           tokens_per_s_per_gpu=float(t.value) if done else None,
+                                           stage_peak_gib=a.get("measured_peak_gib") if a.get("measured") else None,
+                                           oom_stage=a.get("oom_stage") if a.get("outcome") == "oom" else None)))
+    return out
+
+
+@dataclass(kw_only=True)
+class Assessment:
+    """The sampler's view of the space after the study's measurements."""
+
+    candidate: int | None
+    """Row of the table with the best acquisition (None: no unmeasured layout is predicted to fit)."""
+    p_improve: float
+    """Largest probability over candidates of beating the best measured by more than min_gain."""
+    expected_gain: float
+    """Largest expected improvement over the best measured, a fraction (the estimated remaining regret)."""
+    best_tokens: float | None
+    """Best measured tokens/s/GPU (None before a completed trial)."""
+    candidates: int
+    """Unmeasured layouts predicted to fit."""
+    calibration: Calibration
+    """The recalibrated model."""
+    mean_log: np.ndarray = field(repr=False)
+    """Posterior mean of log tokens/s/GPU per row."""
+    spread: np.ndarray = field(repr=False)
+    """Posterior standard deviation (log) per row."""
+    peak_gib: np.ndarray = field(repr=False)
+    """Predicted peak memory with the recalibrated offsets, GiB per row."""
+
+    def should_stop(self, p_stop: float) -> bool:
+        return self.best_tokens is not None and (self.candidate is None or self.p_improve <= p_stop)
+
+
+class ModelGuidedSampler(BaseSampler):
+    """Proposes the layout with the best expected improvement under the recalibrated model (module docstring).
+
+    Every parameter of a trial comes from one proposal (a row of `table`); a trial the sampler has no proposal
+    for (nothing left to propose) gets RandomSampler's values.
+    """
+
+    def __init__(self, *, table: ScoredSpace, shipped: Coefficients, capacity_gib: float, headroom: float = 0.02,
+                 exact: bool = False, recalibrate: bool = True, min_gain: float = 0.01, seed: int = 0,
+                 runner_check: Callable[[Layout], list[str]] | None = None):
+        if not 0 <= min_gain < 1:
+            raise ValueError(f"min_gain {min_gain}: must be a fraction in [0, 1)")
+        self.table, self.shipped, self.exact, self.recal = table, shipped, exact, recalibrate
+        self.capacity, self.usable = capacity_gib, capacity_gib * (1.0 - headroom)
+        self.min_gain = min_gain
+        self.runner_check = runner_check
+        self._random = RandomSampler(seed=seed)
+        self._refused: set[int] = set()
+        self._proposals: dict[int, dict] = {}
+        self._sig: tuple | None = None
+        self._assessment: Assessment | None = None
+        self.calibrations: dict[int, Calibration] = {}
+        """The calibration after each measured trial (trial number -> Calibration)."""
+        t = table
+        n = len(t)
+        # predicted stage peaks by position (first, middle max, last); -inf where a layout has no middle stage
+        self._pos_gib = np.full((n, 3), -np.inf)
+        for i, st in enumerate(t.stage_gib):
+            self._pos_gib[i, 0], self._pos_gib[i, 2] = st[0], st[-1]
+            if len(st) > 2:
+                self._pos_gib[i, 1] = max(st[1:-1])
+        self._log_tokens = np.log(np.maximum(np.nan_to_num(t.tokens, nan=1e-9), 1e-9))
+        self._scored = np.isfinite(t.tokens)
+
+    # ------------------------------------------------------------------ Optuna's sampler interface
+    def infer_relative_search_space(self, study, trial):
+        return {}
+
+    def sample_relative(self, study, trial, search_space):
+        return {}
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        prop = self._proposals.get(trial.number)
+        if prop is None:
+            row = self.propose(study)
+            prop = dict(self.table.params[row]) if row is not None else {}
+            self._proposals[trial.number] = prop
+        if param_name in prop:
+            return prop[param_name]
+        return self._random.sample_independent(study, trial, param_name, param_distribution)
+
+    # ------------------------------------------------------------------ the model
+    def _calibrate(self, meas: list[tuple[int, Measurement]]) -> Calibration:
+        ctx = self.table.context
+        if self.exact or not self.recal or not meas:
+            return Calibration(coefficients=self.shipped)
+        cal = recalibrate([m for _, m in meas], self.shipped, ctx, self.capacity)
+        self.calibrations[meas[-1][0]] = cal
+        return cal
+
+    def _mean_log(self, cal: Calibration) -> np.ndarray:
+        mu = self._log_tokens.copy()
+        if not cal.log_shift:
+            return mu
+        names = tuple(cal.log_shift)
+        theta = np.array([cal.log_shift[n] for n in names])
+        rows = self.table.sensitive_rows(self.usable)
+        if len(rows):
+            mu[rows] += self.table.sensitivities(names, rows) @ theta
+            top = rows[np.argsort(-mu[rows])[:EXACT_TOP]]
+            mu[top] = np.log(self.table.exact_tokens(top, cal.coefficients))
+        return mu
+
+    def assess(self, study: optuna.Study) -> Assessment:
+        """Recalibrate (when the study's measurements changed) and score every unmeasured layout."""
+        meas = measurements_of(study)
+        busy = busy_or_done_keys(study)
+        sig = (tuple((n, m.tokens_per_s_per_gpu, m.oom_stage) for n, m in meas), len(busy), len(self._refused))
+        if sig == self._sig and self._assessment is not None:
+            return self._assessment
+        t = self.table
+        cal = self._calibrate(meas)
+        mu = self._mean_log(cal)
+        off = np.array([cal.memory_offset_gib[p] for p in POSITIONS])
+        peak = np.max(self._pos_gib + off, axis=1)
+        fits = t.host_fits & (peak <= self.usable) & self._scored
+        p_fit = np.where(fits, ndtr((self.capacity - peak) / MEMORY_SPREAD_GIB), 0.0)
+        avail = fits.copy()
+        for k in busy:
+            r = t.row(k)
+            if r is not None:
+                avail[r] = False
+        for r in self._refused:
+            avail[r] = False
+        ok = [(n, m) for n, m in meas if m.tokens_per_s_per_gpu]
+        best = max((m.tokens_per_s_per_gpu for _, m in ok), default=None)
+        spread = np.zeros(len(t))
+        if ok and not self.exact:
+            mu, spread = self._posterior(mu, ok, cal)
+        if best is None:
+            acq = np.where(avail, mu, -np.inf)
+            p_imp, gain = 1.0, math.inf
+        else:
+            y = math.log(best)
+            gap = mu - y
+            with np.errstate(divide="ignore", invalid="ignore"):
+                z = np.where(spread > 0, gap / np.maximum(spread, 1e-12), np.sign(gap) * np.inf)
+                ei = np.where(spread > 0, spread * np.exp(-0.5 * z ** 2) / math.sqrt(2 * math.pi) + gap * ndtr(z),
+                              np.maximum(gap, 0.0)) * p_fit
+                zi = np.where(spread > 0, (gap - math.log1p(self.min_gain)) / np.maximum(spread, 1e-12),
+                              np.where(gap > math.log1p(self.min_gain), np.inf, -np.inf))
+            pi = ndtr(zi) * p_fit
+            ei, pi = np.where(avail, ei, -np.inf), np.where(avail, pi, 0.0)
+            p_imp = float(pi.max()) if avail.any() else 0.0
+            gain = float(max(ei.max(), 0.0)) if avail.any() else 0.0
+            # ties (no spread, nothing better predicted): the best predicted candidate
+            acq = ei + 1e-9 * np.where(avail, mu - y, 0.0)
+        cand = int(np.argmax(acq)) if avail.any() else None
+        self._sig = sig
+        self._assessment = Assessment(candidate=cand, p_improve=p_imp, expected_gain=gain, best_tokens=best,
+                                      candidates=int(avail.sum()), calibration=cal, mean_log=mu, spread=spread,
+                                      peak_gib=peak)
+        return self._assessment
+
+    def _posterior(self, mu: np.ndarray, ok: list[tuple[int, Measurement]], cal: Calibration):
+        """GP on the residuals log(measured / recalibrated prediction) over knob distance."""
+        model, cluster, workload, engine = self.table.context
+        L = model.num_layers
+        X = np.array([layout_features(m.layout, L) for _, m in ok])
+        pred = np.log([estimate(model, cluster, m.layout, workload, engine, cal.coefficients, check_layout=False)
+                       .perf.tokens_per_s_per_gpu for _, m in ok])
+        r = np.log([m.tokens_per_s_per_gpu for _, m in ok]) - pred
+        s2 = (PRIOR_WEIGHT * PRIOR_SPREAD ** 2 + float(np.sum(r ** 2))) / (PRIOR_WEIGHT + len(r))
+        dxx = np.abs(X[:, None, :] - X[None, :, :]).sum(-1)
+        K = s2 * np.exp(-dxx / KERNEL_LENGTH) + THROUGHPUT_NOISE ** 2 * np.eye(len(r))
+        Ks = np.empty((len(mu), len(r)))
+        for j in range(len(r)):
+            Ks[:, j] = s2 * np.exp(-np.abs(self.table.features - X[j]).sum(1) / KERNEL_LENGTH)
+        Kinv = np.linalg.inv(K)
+        mean = mu + Ks @ (Kinv @ r)
+        var = s2 - np.einsum("ij,jk,ik->i", Ks, Kinv, Ks)
+        return mean, np.sqrt(np.maximum(var, 1e-10))
+
+    def propose(self, study: optuna.Study) -> int | None:
+        """Row of the best candidate the runner accepts (refused rows are never proposed again)."""
+        while True:
+            a = self.assess(study)
+            if a.candidate is None:
+                return None
+            if self.runner_check is None or not self.runner_check(self.table.layouts[a.candidate]):
+                return a.candidate
+            self._refused.add(a.candidate)
+
+    def top_predicted(self, study: optuna.Study, n: int = 10) -> list[dict]:
+        """The n best layouts by the recalibrated model's mean that fit: label, tokens/s/GPU, peak, margin."""
+        a = self.assess(study)
+        ok = self.table.host_fits & (a.peak_gib <= self.usable) & self._scored
+        rows = np.flatnonzero(ok)
+        rows = rows[np.argsort(-a.mean_log[rows])[:n]]
+        return [{"label": self.table.layouts[i].label(), "tokens_per_s_per_gpu": round(float(np.exp(a.mean_log[i])), 1),
+                 "spread_percent": round(100 * float(a.spread[i]), 2), "peak_gib": round(float(a.peak_gib[i]), 2),
+                 "margin_gib": round(self.capacity - float(a.peak_gib[i]), 2)} for i in rows]

@@ -1,0 +1,214 @@
+"""Search efficiency: measured trials (and GPU-hours) each strategy needs to find the best layout of a world
+whose truth differs from the model the way reality does. Run by hand (minutes on 2 cores):
+
+    python benchmarks/search_efficiency.py [--worlds 12] [--trials 12] [--out benchmarks]
+
+A world is a complete table of measured outcomes over the default dense space, generated from the estimator:
+
+* perturbed coefficients: every bounded performance coefficient times exp(U(-0.2, 0.2)), clipped to its
+  physical bounds (`Coefficients` field metadata);
+* multiplicative effects the model does not have, by knob: per doubling of TP and of PP, per unit of full
+  recompute, selective recompute, VPP and optimizer offload, each exp(N(0, 0.04));
+* run-to-run noise: one draw per layout, log-normal with a world-wide sigma drawn in [0.02, 0.05]; the
+  strategies see the noisy table, the metrics judge the noise-free throughput of what they measured (the best
+  of 20,000 noisy rows is a lucky draw, not a layout);
+* memory: a world-wide offset U(-1, +3) GiB plus U(0, 2) GiB per TP doubling on every stage, so some layouts
+  the model predicts to fit run out of memory (and a few predicted over capacity would fit but stay OOM in
+  the table: the model's far-over-memory layouts are not estimated, see attune.search.scoring).
+
+Subsampling: only layouts the shipped model predicts within 10% of capacity get a throughput (the rest are OOM
+rows): the same cut the sampler makes. Each strategy's trials go through the replay runner answering from the
+world's table; the first trial is always the model's baseline layout. Strategies: attune's sampler with
+recalibration, without it, a grid in predicted order after memory pruning (FlagScale AutoTuner's order),
+random among predicted fits, plain Optuna TPE with the predicted memory as a constraint. The stop rule is
+switched off here (p_stop ~ 0) so every strategy gets the same number of trials.
+"""
+
+from __future__ import annotations  # entry point
+
+import argparse
+import dataclasses
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from attune.estimator import estimate
+from attune.estimator.coefficients import coefficients_for
+from attune.runners.base import TrialSpec
+from attune.runners.replay import ReplayRow, ReplayRunner, replay_key
+from attune.search.recalibrate import fitted_bounds
+from attune.search.records import records
+from attune.search.scoring import score_space
+from attune.search.space import load_space
+from attune.search.tuner import TuneConfig, Tuner
+from attune.spec.baselines import baseline_layout
+from attune.spec.engine import get_engine
+from attune.spec.hardware import parse_cluster
+from attune.spec.layout import Workload
+from attune.spec.model import load_model
+
+TARGETS = (("Qwen3.6-27B", "8xH200"), ("Llama-3.1-8B", "8xH100"))
+STRATEGIES = ("attune (recalibrated)", "attune (no recalibration)", "grid, predicted order", "random among fits",
+              "TPE + memory constraint")
+WITHIN = 0.02  # "reached": within 2% of the world's best layout
+
+
+def make_world(target, rng, shipped):
+    model, cluster, workload, engine, space, table = target
+    names = [n for n, _, _ in fitted_bounds(shipped)]
+    bounds = {n: (lo, hi) for n, lo, hi in fitted_bounds(shipped)}
+    coef = dataclasses.replace(shipped, **{n: float(np.clip(getattr(shipped, n) * math.exp(rng.uniform(-0.2, 0.2)),
+                                                               *bounds[n])) for n in names})
+    eff = {k: rng.normal(0, 0.04) for k in ("tp", "pp", "full", "selective", "vpp", "offload")}
+    noise = rng.uniform(0.02, 0.05)
+    mem0, mem_tp = rng.uniform(-1, 3), rng.uniform(0, 2)
+    cap = cluster.gpu.capacity_gib
+    rows, truth = [], {}
+    F = table.features
+    for i, lay in enumerate(table.layouts):
+        f = F[i]
+        extra = mem0 + mem_tp * f[0]
+        peaks = tuple(p + extra for p in table.stage_gib[i])
+        if not np.isfinite(table.tokens[i]) or max(peaks) > cap or not table.host_fits[i]:
+            stage = int(np.argmax(peaks))
+            rows.append(ReplayRow(line=i + 2, layout=lay, outcome="oom", peak_gib=peaks, oom_stage=stage))
+            continue
+        t = estimate(model, cluster, lay, workload, engine, coef, check_layout=False).perf.tokens_per_s_per_gpu
+        t *= math.exp(eff["tp"] * f[0] + eff["pp"] * f[2] + eff["full"] * f[9] + eff["selective"] * f[7]
+                      + eff["vpp"] * f[5] + eff["offload"] * f[11])
+        truth[replay_key(lay, model.num_layers)] = t
+        t *= math.exp(rng.normal(0, noise))  # what a run measures
+        step = workload.tokens_per_step / (t * cluster.world_size)
+        rows.append(ReplayRow(line=i + 2, layout=lay, outcome="ok", tokens_per_s_per_gpu=t, step_time_s=step,
+                              peak_gib=peaks))
+    return rows, truth
+
+
+def trace_of(runner, target, layouts):
+    """(tokens or None, gpu_hours, oom) per layout, measured through the replay runner."""
+    model, cluster, workload, engine, _, _ = target
+    out = []
+    for lay in layouts:
+        r = runner.run(TrialSpec(model=model, cluster=cluster, layout=lay, workload=workload, engine=engine))
+        out.append((lay, r.gpu_hours, r.status == "oom"))
+    return out
+
+
+def run_tuner(target, runner, baseline, note, trials, sampler, recal, seed):
+    model, cluster, workload, engine, space, _ = target
+    with tempfile.TemporaryDirectory() as d:
+        cfg = TuneConfig(model=model, cluster=cluster, engine=engine, workload=workload, space=space, runner=runner,
+                         baseline=baseline, baseline_note=note, trials=trials, candidates=32, seed=seed,
+                         storage=str(Path(d) / "s.journal"), out_dir=Path(d), sampler=sampler, recalibrate=recal,
+                         p_stop=1e-9)
+        out = Tuner(cfg).run()
+        meas = [r for r in records(out.study) if r.is_measured]
+    return [(r.to_layout(), r.gpu_hours or 0.0, r.outcome == "oom") for r in meas][:trials]
+
+
+def metrics(trace, truth, num_layers):
+    """Judged on the world's noise-free throughput of the layouts a strategy measured."""
+    best = max(truth.values())
+    so_far, hours, reached, reached_h = 0.0, 0.0, None, None
+    regret = {}
+    for k, (lay, h, oom) in enumerate(trace, start=1):
+        hours += h
+        so_far = max(so_far, 0.0 if oom else truth.get(replay_key(lay, num_layers), 0.0))
+        if reached is None and so_far >= (1 - WITHIN) * best:
+            reached, reached_h = k, hours
+        if k in (5, 10):
+            regret[k] = 1 - so_far / best
+    for k in (5, 10):
+        regret.setdefault(k, 1 - so_far / best)
+    return dict(trials=reached, hours=reached_h, r5=regret[5], r10=regret[10], ooms=sum(o for _, _, o in trace))
+
+
+def pct(xs, q, cap):
+    vals = sorted(cap if x is None else x for x in xs)
+    v = vals[min(len(vals) - 1, int(math.ceil(q * len(vals))) - 1)]
+    return "not reached" if v == cap else (f"{v:.0f}" if isinstance(v, int) else f"{v:.2f}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worlds", type=int, default=12, help="worlds per target (2 targets)")
+    ap.add_argument("--trials", type=int, default=12, help="measured trials per strategy and world")
+    ap.add_argument("--out", default=str(Path(__file__).parent))
+    a = ap.parse_args(argv)
+    t0 = time.time()
+    results = {s: [] for s in STRATEGIES}
+    for ti, (mname, gpus) in enumerate(TARGETS):
+        model, cluster, engine, workload = load_model(mname), parse_cluster(gpus), get_engine("slime"), Workload()
+        space = load_space(None)
+        shipped = coefficients_for(cluster.gpu)
+        table = score_space(space, model, cluster, workload, engine, shipped)
+        target = (model, cluster, workload, engine, space, table)
+        baseline, note = baseline_layout(model, cluster, workload, engine)
+        fits = np.flatnonzero(table.host_fits & (table.peak_gib <= cluster.gpu.capacity_gib * 0.98)
+                              & np.isfinite(table.tokens))
+        order = fits[np.argsort(-table.tokens[fits])]
+        print(f"{mname} on {gpus}: {len(table):,} layouts, {len(fits):,} predicted to fit "
+              f"({time.time() - t0:.0f} s)", flush=True)
+        for w in range(a.worlds):
+            rng = np.random.default_rng([ti, w])
+            rows, truth = make_world(target, rng, shipped)
+            runner = ReplayRunner(f"world {ti}/{w}", model=model, world_size=cluster.world_size, rows=rows)
+            best = max(truth.values())
+            base_trace = trace_of(runner, target, [baseline])
+            grid = base_trace + trace_of(runner, target, [table.layouts[i] for i in order[:a.trials - 1]])
+            pick = rng.choice(fits, size=a.trials - 1, replace=False)
+            rand = base_trace + trace_of(runner, target, [table.layouts[i] for i in pick])
+            traces = {
+                STRATEGIES[0]: run_tuner(target, runner, baseline, note, a.trials, "model", True, w),
+                STRATEGIES[1]: run_tuner(target, runner, baseline, note, a.trials, "model", False, w),
+                STRATEGIES[2]: grid, STRATEGIES[3]: rand,
+                STRATEGIES[4]: run_tuner(target, runner, baseline, note, a.trials, "tpe", False, w),
+            }
+            for s, tr in traces.items():
+                results[s].append(metrics(tr, truth, model.num_layers))
+            print(f"  world {w}: best {best:,.0f} tokens/s/GPU; trials to 2%: "
+                  + ", ".join(f"{s.split(' ')[0]}{'+' if 'recal' in s and 'no' not in s else ''}="
+                              f"{results[s][-1]['trials']}" for s in STRATEGIES) + f" ({time.time() - t0:.0f} s)",
+                  flush=True)
+    cap = a.trials + 1
+    n = len(results[STRATEGIES[0]])
+    lines = [f"| strategy | median trials to 2% | p90 trials | median GPU-h to 2% | p90 GPU-h | "
+             f"mean regret @5 | mean regret @10 | OOM trials (mean) |", "|---|---|---|---|---|---|---|---|"]
+    for s in STRATEGIES:
+        m = results[s]
+        tr = [x["trials"] for x in m]
+        hs = [x["hours"] for x in m]
+        hcap = max((h for h in hs if h is not None), default=1.0) * 10
+        lines.append(f"| {s} | {pct(tr, 0.5, cap)} | {pct(tr, 0.9, cap)} | "
+                     f"{pct([h for h in hs], 0.5, hcap) if any(h is not None for h in hs) else '-'} | "
+                     f"{pct([h for h in hs], 0.9, hcap) if any(h is not None for h in hs) else '-'} | "
+                     f"{100 * statistics.mean(x['r5'] for x in m):.1f}% | {100 * statistics.mean(x['r10'] for x in m):.1f}% | "
+                     f"{statistics.mean(x['ooms'] for x in m):.2f} |")
+    table_md = "\n".join(lines)
+    print(f"\n{n} worlds, {a.trials} trials each, {time.time() - t0:.0f} s\n\n{table_md}")
+    plot(results, Path(a.out) / "search_efficiency.png", a.trials)
+    return 0
+
+
+def plot(results, path, trials):
+    from matplotlib.figure import Figure  # heavy optional import, only when plotting
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
+    for s, m in results.items():
+        xs = list(range(1, trials + 1))
+        ys = [sum(1 for x in m if x["trials"] is not None and x["trials"] <= k) / len(m) for k in xs]
+        ax.step(xs, ys, where="post", label=s)
+    ax.set_xlabel("measured trials")
+    ax.set_ylabel("fraction of worlds within 2% of the best")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

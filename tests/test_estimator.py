@@ -245,6 +245,15 @@ def test_fp16_grad_copy_only_at_the_optimizer_step():
     assert per_param == pytest.approx(16.0)
 
 
+def test_legacy_fp16_accumulates_grads_in_fp32_18_bytes():
+    """2022 Megatron (the Korthikanti et al. runs): fp16 params, fp32 main grads, fp32 master, m, v = 18 bytes."""
+    m, c = load_model("Nemotron-4-15B"), parse_cluster("8xH100")
+    wl = Workload(seq_length=4096, global_batch=8)
+    st = estimate(m, c, Layout(tp=8, sp=True, precision="fp16", distributed_optimizer=False), wl,
+                  get_engine("megatron-legacy")).memory.stages[0]
+    assert (st.weights_gib + st.grads_gib + st.optimizer_gib) * GiB / st.params == pytest.approx(18.0)
+
+
 def test_megatron_bridge_reduces_grads_in_bf16():
     m, c = load_model("Nemotron-4-15B"), parse_cluster("64xH100")
     wl, lay = Workload(seq_length=4096, global_batch=256), Layout(tp=2, sp=True, dp=32, micro_batch_size=2)

@@ -140,7 +140,8 @@ class MemoryEstimate:
 
 
 def optimizer_bytes(layout: Layout, fp32_training: bool = False, *, grad_reduce_in_bf16: bool = False,
-                    exp_avg_dtype: str = "fp32", exp_avg_sq_dtype: str = "fp32") -> tuple[float, float, float, float]:
+                    exp_avg_dtype: str = "fp32", exp_avg_sq_dtype: str = "fp32",
+                    fp16_grads_in_fp32: bool = False) -> tuple[float, float, float, float]:
     """(weight, grad, GPU optimizer, host optimizer) bytes per parameter held by a GPU.
 
     * bf16 (Megatron-LM, Megatron-Bridge, slime): bf16 params 2 + fp32 main grads 4 (Megatron-LM turns
@@ -155,7 +156,9 @@ def optimizer_bytes(layout: Layout, fp32_training: bool = False, *, grad_reduce_
       The dtype options are numerics-class flags, not Layout fields: callers pass them here; the estimator
       uses Megatron's defaults (fp32 grads, fp32 moments).
     * fp16: fp16 params and grads, the optimizer keeps fp32 master, m, v and an fp32 grad copy (4 + 16/d,
-      dist_optimizer.md); the dynamic loss scaler is a scalar and holds no per-parameter memory.
+      dist_optimizer.md); the dynamic loss scaler is a scalar and holds no per-parameter memory. With
+      ``fp16_grads_in_fp32`` (--accumulate-allreduce-grads-in-fp32): an fp32 main-grad buffer and no copy
+      (2 + 4 + 12/d, dist_optimizer.md "float16 param, float32 grads").
     * CPU offload moves a fraction of the optimizer shard to pinned host memory as fp32 param, grad, m, v
       (16 bytes; cpu_offloading/hybrid_optimizer.py).
     """
@@ -166,6 +169,8 @@ def optimizer_bytes(layout: Layout, fp32_training: bool = False, *, grad_reduce_
     if layout.precision_aware_optimizer:
         grad = BF16 if grad_reduce_in_bf16 else FP32
         states = BF16 + DTYPE_BYTES[exp_avg_dtype] + DTYPE_BYTES[exp_avg_sq_dtype]
+    elif layout.precision == "fp16" and fp16_grads_in_fp32:
+        grad, states = FP32, FP32 * 3
     elif layout.precision == "fp16" or grad_reduce_in_bf16:
         grad, states = BF16, FP32 * 4
     else:
@@ -174,7 +179,8 @@ def optimizer_bytes(layout: Layout, fp32_training: bool = False, *, grad_reduce_
     return BF16, grad, (1 - frac) * states / d, frac * 16 / d
 
 
-def step_grad_copy_bytes(layout: Layout, fp32_training: bool = False, *, grad_reduce_in_bf16: bool = False) -> float:
+def step_grad_copy_bytes(layout: Layout, fp32_training: bool = False, *, grad_reduce_in_bf16: bool = False,
+                         fp16_grads_in_fp32: bool = False) -> float:
     """Of ``optimizer_bytes``' GPU optimizer bytes per parameter: the fp32 copy of a 16-bit gradient that exists
     only during the optimizer step. megatron-core makes it in ``_copy_model_grads_to_main_grads``
     (optimizer.py: ``main_param.grad = model_param.main_grad.float()``; the distributed optimizer the same for
@@ -184,6 +190,8 @@ def step_grad_copy_bytes(layout: Layout, fp32_training: bool = False, *, grad_re
         return 0.0
     if layout.precision != "fp16" and not grad_reduce_in_bf16:
         return 0.0
+    if layout.precision == "fp16" and fp16_grads_in_fp32:
+        return 0.0  # the main grads already are fp32: no copy
     d = layout.dp * layout.cp if layout.distributed_optimizer else 1
     frac = layout.offload_fraction if layout.optimizer_cpu_offload else 0.0
     return (1 - frac) * FP32 / d
@@ -246,8 +254,10 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload
     # the torch runner keeps fp32 parameters (bf16 autocast on GPU, fp32 on CPU); Megatron/slime keep bf16 ones
     fp32_training = cpu or engine.attune_trainer
     bf16_grads = not engine.grad_reduce_in_fp32
-    w_b, g_b, o_b, h_b = optimizer_bytes(layout, fp32_training=fp32_training, grad_reduce_in_bf16=bf16_grads)
-    copy_b = step_grad_copy_bytes(layout, fp32_training, grad_reduce_in_bf16=bf16_grads)
+    w_b, g_b, o_b, h_b = optimizer_bytes(layout, fp32_training=fp32_training, grad_reduce_in_bf16=bf16_grads,
+                                         fp16_grads_in_fp32=engine.fp16_grads_in_fp32)
+    copy_b = step_grad_copy_bytes(layout, fp32_training, grad_reduce_in_bf16=bf16_grads,
+                                  fp16_grads_in_fp32=engine.fp16_grads_in_fp32)
     o_b -= copy_b  # held during forward/backward; the copy is the optimizer step's own peak (below)
     selective = layout.recompute_granularity == "selective"
     act_scale = FP32 / BF16 if cpu else 1.0  # activations are fp32 on CPU workers, bf16 on GPUs

@@ -252,7 +252,8 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
     d = layout.dp * layout.cp
     # the grad buffer's dtype (memory.py): fp32 main grads on Megatron-LM's bf16 path, 16-bit with fp16 or where
     # the engine reduces in bf16 (Megatron-Bridge / NeMo performance launches)
-    grad_bytes = BF16 if (layout.precision == "fp16" or not engine.grad_reduce_in_fp32) else FP32
+    fp16_grads = layout.precision == "fp16" and not engine.fp16_grads_in_fp32
+    grad_bytes = BF16 if (fp16_grads or not engine.grad_reduce_in_fp32) else FP32
     ov_grad = layout.overlap_grad_reduce or engine.recipe_overlap_grad_reduce
     ov_param = (layout.overlap_param_gather or engine.recipe_overlap_param_gather) and layout.distributed_optimizer
     dp_s = 0.0

@@ -61,6 +61,12 @@ class Engine:
     # False; consistent with the NeMo example log's 68.0 GiB reserved peak, which leaves no room for fp32 grads).
     # False: a bf16 grad buffer, reduced in bf16, and an fp32 copy of the optimizer's grad shard.
     grad_reduce_in_fp32: bool = True
+    # the fp16 path with --accumulate-allreduce-grads-in-fp32: fp16 params, an fp32 main-grad buffer, fp32 master,
+    # m, v = 18 bytes per parameter without the distributed optimizer (Megatron-LM docs dist_optimizer.md table,
+    # "float16 param, float32 grads"); the 2022 Megatron papers count exactly these 18 bytes (Korthikanti et al.
+    # 2022, "Reducing Activation Recomputation in Large Transformer Models", Section 2 memory of the model
+    # states). Off: fp16 grads and an fp32 grad copy made only at the optimizer step (megatron-core default).
+    fp16_grads_in_fp32: bool = False
     # core attention kernel: "flash" (FlashAttention / cuDNN fused attention: keeps q, k, v, the output and the
     # fp32 log-sum-exp; Megatron-LM with TE since 2023) or "unfused" (Megatron-LM <= v3.0 and
     # Megatron-DeepSpeed, 2022: FusedScaleMaskSoftmax keeps the bf16 softmax probabilities, the attention-dropout
@@ -88,7 +94,7 @@ ENGINES: dict[str, Engine] = {
     # attention and hidden dropout 0.1 (GPT-3 / BLOOM configs); not a launch target, only for published runs
     "megatron-legacy": Engine("megatron-legacy", False, 6.0, False, False, False,
                               step_overhead="step_overhead_megatron_s", attention_kernel="unfused",
-                              hidden_dropout_masks=True,
+                              hidden_dropout_masks=True, fp16_grads_in_fp32=True,
                               label="Megatron-LM v3.0 / Megatron-DeepSpeed (2022: unfused core attention, dropout)"),
     # attune's own PyTorch runner: fp32 log-softmax over full logits (logits + log_softmax + grad)
     "torch": Engine("torch", False, 12.0, True, True, True, step_overhead="step_overhead_torch_s", attune_trainer=True,

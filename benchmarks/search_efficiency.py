@@ -1,27 +1,30 @@
 """Search efficiency: measured trials (and GPU-hours) each strategy needs to find the best layout of a world
 whose truth differs from the model the way reality does. Run by hand (minutes on 2 cores):
 
-    python benchmarks/search_efficiency.py [--worlds 12] [--trials 12] [--out benchmarks]
+    python benchmarks/search_efficiency.py [--worlds 10] [--trials 10] [--jobs N] [--out benchmarks]
 
-A world is a complete table of measured outcomes over the default dense space, generated from the estimator:
+A world is a complete table of measured outcomes over the default dense space, generated from the estimator
+with a random generator seeded by (target, world number) only: nothing a strategy does changes it, and every
+strategy replays the same table.
 
 * perturbed coefficients: every bounded performance coefficient times exp(U(-0.2, 0.2)), clipped to its
   physical bounds (`Coefficients` field metadata);
 * multiplicative effects the model does not have, by knob: per doubling of TP and of PP, per unit of full
-  recompute, selective recompute, VPP and optimizer offload, each exp(N(0, 0.04));
+  recompute, selective recompute, VPP and optimizer offload, each exp(N(0, EFFECT_SIGMA));
 * run-to-run noise: one draw per layout, log-normal with a world-wide sigma drawn in [0.02, 0.05]; the
-  strategies see the noisy table, the metrics judge the noise-free throughput of what they measured (the best
-  of 20,000 noisy rows is a lucky draw, not a layout);
-* memory: a world-wide offset U(-1, +3) GiB plus U(0, 2) GiB per TP doubling on every stage, so some layouts
-  the model predicts to fit run out of memory (and a few predicted over capacity would fit but stay OOM in
-  the table: the model's far-over-memory layouts are not estimated, see attune.search.scoring).
+  strategies see the noisy table, the metrics judge the noise-free throughput of what they measured;
+* memory (MEMORY_*): a world-wide offset U(-2%, +6%) of capacity, U(0, 2%) more on the first and on the last
+  stage, and a fragmentation factor U(0, 3%) on the predicted peak: up to ~11% of capacity in all (the
+  calibration's peak-memory MAPE is 4.9%), so in some worlds the model's predicted fits near the edge run
+  out of memory, and in others layouts predicted just over capacity fit;
+* cost: each trial pays STARTUP_S of start-up on every GPU, plus 20 steps (ok) or one step (OOM).
 
-Subsampling: only layouts the shipped model predicts within 10% of capacity get a throughput (the rest are OOM
-rows): the same cut the sampler makes. Each strategy's trials go through the replay runner answering from the
-world's table; the first trial is always the model's baseline layout. Strategies: attune's sampler with
-recalibration, without it, a grid in predicted order after memory pruning (FlagScale AutoTuner's order),
-random among predicted fits, plain Optuna TPE with the predicted memory as a constraint. The stop rule is
-switched off here (p_stop ~ 0) so every strategy gets the same number of trials.
+Layouts the shipped model predicts more than 10% over capacity get no throughput (OOM rows): the same cut the
+sampler makes. Each strategy's trials go through the replay runner answering from the world's table; the first
+trial is always the model's baseline layout. Strategies: attune's sampler with recalibration, without it, a
+grid in predicted order after memory pruning (FlagScale AutoTuner's order), random among predicted fits, plain
+Optuna TPE with the predicted memory as a constraint. The stop rule is switched off here (p_stop ~ 0) so every
+strategy gets the same number of trials. Worlds run in parallel worker processes (--jobs).
 """
 
 from __future__ import annotations  # entry point
@@ -29,13 +32,16 @@ from __future__ import annotations  # entry point
 import argparse
 import dataclasses
 import math
+import multiprocessing
 import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import optuna
 
 from attune.estimator import estimate
 from attune.estimator.coefficients import coefficients_for
@@ -43,7 +49,8 @@ from attune.runners.base import TrialSpec
 from attune.runners.replay import ReplayRow, ReplayRunner, replay_key
 from attune.search.recalibrate import fitted_bounds
 from attune.search.records import records
-from attune.search.scoring import score_space
+from attune.search.sampler import layout_of
+from attune.search.scoring import default_workers, score_space
 from attune.search.space import load_space
 from attune.search.tuner import TuneConfig, Tuner
 from attune.spec.baselines import baseline_layout
@@ -56,36 +63,59 @@ TARGETS = (("Qwen3.6-27B", "8xH200"), ("Llama-3.1-8B", "8xH100"))
 STRATEGIES = ("attune (recalibrated)", "attune (no recalibration)", "grid, predicted order", "random among fits",
               "TPE + memory constraint")
 WITHIN = 0.02  # "reached": within 2% of the world's best layout
+# knob effects the model does not have: log-normal sigma per knob unit (a 4% error per TP / PP doubling or per
+# recompute unit, stacking to ~10% between distant layouts: the corpus's per-series MAPE reaches 9.5%,
+# `attune calibrate`)
+EFFECT_SIGMA = 0.04
+# memory truth vs model, as fractions of capacity: a world-wide offset (allocator reserve, NCCL and CUDA-graph
+# buffers the model does not itemise), extra on the first and on the last stage (embedding / logits buffers),
+# and a fragmentation factor on the predicted peak. The calibration's peak-memory MAPE is 4.9% (`attune
+# calibrate`, memory.yaml), so a peak near capacity is off by ~5% of capacity (7 GiB on H200, 4 GiB on H100);
+# the ranges stay within ~10% of capacity in total.
+MEMORY_OFFSET = (-0.02, 0.06)
+MEMORY_POSITION = (0.0, 0.02)
+MEMORY_FRAGMENTATION = (0.0, 0.03)
+# every trial pays a start-up (process launch, model build, checkpoint load) before its first step, seconds:
+# an assumption (a few minutes for a 27B checkpoint on one node); an OOM trial pays it and one step
+STARTUP_S = 180.0
 
 
 def make_world(target, rng, shipped):
+    """One world: (replay rows, noise-free tokens/s/GPU by replay key). Drawn from `rng` alone (seeded by
+    target and world number), never from anything a strategy does, and the same table for every strategy."""
     model, cluster, workload, engine, space, table = target
     names = [n for n, _, _ in fitted_bounds(shipped)]
     bounds = {n: (lo, hi) for n, lo, hi in fitted_bounds(shipped)}
     coef = dataclasses.replace(shipped, **{n: float(np.clip(getattr(shipped, n) * math.exp(rng.uniform(-0.2, 0.2)),
                                                                *bounds[n])) for n in names})
-    eff = {k: rng.normal(0, 0.04) for k in ("tp", "pp", "full", "selective", "vpp", "offload")}
+    eff = {k: rng.normal(0, EFFECT_SIGMA) for k in ("tp", "pp", "full", "selective", "vpp", "offload")}
     noise = rng.uniform(0.02, 0.05)
-    mem0, mem_tp = rng.uniform(-1, 3), rng.uniform(0, 2)
     cap = cluster.gpu.capacity_gib
+    mem_all = rng.uniform(*MEMORY_OFFSET) * cap
+    mem_first, mem_last = rng.uniform(*MEMORY_POSITION) * cap, rng.uniform(*MEMORY_POSITION) * cap
+    frag = rng.uniform(*MEMORY_FRAGMENTATION)
+    gpus = cluster.world_size
     rows, truth = [], {}
     F = table.features
     for i, lay in enumerate(table.layouts):
         f = F[i]
-        extra = mem0 + mem_tp * f[0]
-        peaks = tuple(p + extra for p in table.stage_gib[i])
+        st = table.stage_gib[i]
+        peaks = tuple(p * (1 + frag) + mem_all + (mem_first if s == 0 else 0.0)
+                      + (mem_last if s == len(st) - 1 else 0.0) for s, p in enumerate(st))
         if not np.isfinite(table.tokens[i]) or max(peaks) > cap or not table.host_fits[i]:
             stage = int(np.argmax(peaks))
-            rows.append(ReplayRow(line=i + 2, layout=lay, outcome="oom", peak_gib=peaks, oom_stage=stage))
+            step = table.step_time_s[i] if np.isfinite(table.step_time_s[i]) else 10.0
+            rows.append(ReplayRow(line=i + 2, layout=lay, outcome="oom", peak_gib=peaks, oom_stage=stage,
+                                  gpu_hours=gpus * (STARTUP_S + step) / 3600.0))
             continue
         t = estimate(model, cluster, lay, workload, engine, coef, check_layout=False).perf.tokens_per_s_per_gpu
         t *= math.exp(eff["tp"] * f[0] + eff["pp"] * f[2] + eff["full"] * f[9] + eff["selective"] * f[7]
                       + eff["vpp"] * f[5] + eff["offload"] * f[11])
         truth[replay_key(lay, model.num_layers)] = t
         t *= math.exp(rng.normal(0, noise))  # what a run measures
-        step = workload.tokens_per_step / (t * cluster.world_size)
+        step = workload.tokens_per_step / (t * gpus)
         rows.append(ReplayRow(line=i + 2, layout=lay, outcome="ok", tokens_per_s_per_gpu=t, step_time_s=step,
-                              peak_gib=peaks))
+                              peak_gib=peaks, gpu_hours=gpus * (STARTUP_S + workload.steps * step) / 3600.0))
     return rows, truth
 
 
@@ -108,7 +138,7 @@ def run_tuner(target, runner, baseline, note, trials, sampler, recal, seed):
                          p_stop=1e-9)
         out = Tuner(cfg).run()
         meas = [r for r in records(out.study) if r.is_measured]
-    return [(r.to_layout(), r.gpu_hours or 0.0, r.outcome == "oom") for r in meas][:trials]
+    return [(layout_of(r.layout), r.gpu_hours or 0.0, r.outcome == "oom") for r in meas][:trials]
 
 
 def metrics(trace, truth, num_layers):
@@ -134,12 +164,39 @@ def pct(xs, q, cap):
     return "not reached" if v == cap else (f"{v:.0f}" if isinstance(v, int) else f"{v:.2f}")
 
 
+_TARGETS: dict = {}  # target number -> (target, baseline, note, order, fits, shipped); inherited by forked workers
+
+
+def run_world(job):
+    """One world of one target: every strategy's metrics (run in a worker process)."""
+    ti, w, trials = job
+    target, baseline, note, order, fits, shipped = _TARGETS[ti]
+    model, cluster = target[0], target[1]
+    rng = np.random.default_rng([ti, w])
+    rows, truth = make_world(target, rng, shipped)
+    runner = ReplayRunner(f"world {ti}/{w}", model=model, world_size=cluster.world_size, rows=rows)
+    table = target[5]
+    base_trace = trace_of(runner, target, [baseline])
+    grid = base_trace + trace_of(runner, target, [table.layouts[i] for i in order[:trials - 1]])
+    pick = rng.choice(fits, size=trials - 1, replace=False)
+    rand = base_trace + trace_of(runner, target, [table.layouts[i] for i in pick])
+    traces = {
+        STRATEGIES[0]: run_tuner(target, runner, baseline, note, trials, "model", True, w),
+        STRATEGIES[1]: run_tuner(target, runner, baseline, note, trials, "model", False, w),
+        STRATEGIES[2]: grid, STRATEGIES[3]: rand,
+        STRATEGIES[4]: run_tuner(target, runner, baseline, note, trials, "tpe", False, w),
+    }
+    return ti, w, max(truth.values()), {s: metrics(tr, truth, model.num_layers) for s, tr in traces.items()}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--worlds", type=int, default=12, help="worlds per target (2 targets)")
-    ap.add_argument("--trials", type=int, default=12, help="measured trials per strategy and world")
+    ap.add_argument("--worlds", type=int, default=10, help="worlds per target (2 targets)")
+    ap.add_argument("--trials", type=int, default=10, help="measured trials per strategy and world")
+    ap.add_argument("--jobs", type=int, default=default_workers(), help="worker processes (one world each)")
     ap.add_argument("--out", default=str(Path(__file__).parent))
     a = ap.parse_args(argv)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     t0 = time.time()
     results = {s: [] for s in STRATEGIES}
     for ti, (mname, gpus) in enumerate(TARGETS):
@@ -152,29 +209,18 @@ def main(argv=None) -> int:
         fits = np.flatnonzero(table.host_fits & (table.peak_gib <= cluster.gpu.capacity_gib * 0.98)
                               & np.isfinite(table.tokens))
         order = fits[np.argsort(-table.tokens[fits])]
+        _TARGETS[ti] = (target, baseline, note, order, fits, shipped)
         print(f"{mname} on {gpus}: {len(table):,} layouts, {len(fits):,} predicted to fit "
               f"({time.time() - t0:.0f} s)", flush=True)
-        for w in range(a.worlds):
-            rng = np.random.default_rng([ti, w])
-            rows, truth = make_world(target, rng, shipped)
-            runner = ReplayRunner(f"world {ti}/{w}", model=model, world_size=cluster.world_size, rows=rows)
-            best = max(truth.values())
-            base_trace = trace_of(runner, target, [baseline])
-            grid = base_trace + trace_of(runner, target, [table.layouts[i] for i in order[:a.trials - 1]])
-            pick = rng.choice(fits, size=a.trials - 1, replace=False)
-            rand = base_trace + trace_of(runner, target, [table.layouts[i] for i in pick])
-            traces = {
-                STRATEGIES[0]: run_tuner(target, runner, baseline, note, a.trials, "model", True, w),
-                STRATEGIES[1]: run_tuner(target, runner, baseline, note, a.trials, "model", False, w),
-                STRATEGIES[2]: grid, STRATEGIES[3]: rand,
-                STRATEGIES[4]: run_tuner(target, runner, baseline, note, a.trials, "tpe", False, w),
-            }
-            for s, tr in traces.items():
-                results[s].append(metrics(tr, truth, model.num_layers))
-            print(f"  world {w}: best {best:,.0f} tokens/s/GPU; trials to 2%: "
+    jobs = [(ti, w, a.trials) for ti in range(len(TARGETS)) for w in range(a.worlds)]
+    with ProcessPoolExecutor(max_workers=max(1, a.jobs), mp_context=multiprocessing.get_context("fork")) as pool:
+        for ti, w, best, m in pool.map(run_world, jobs):
+            for s in STRATEGIES:
+                results[s].append(m[s])
+            print(f"  {TARGETS[ti][0]} world {w}: best {best:,.0f} tokens/s/GPU; trials to 2% / regret@10 / OOMs: "
                   + ", ".join(f"{s.split(' ')[0]}{'+' if 'recal' in s and 'no' not in s else ''}="
-                              f"{results[s][-1]['trials']}" for s in STRATEGIES) + f" ({time.time() - t0:.0f} s)",
-                  flush=True)
+                              f"{m[s]['trials']}/{100 * m[s]['r10']:.2f}%/{m[s]['ooms']}oom" for s in STRATEGIES)
+                  + f" ({time.time() - t0:.0f} s)", flush=True)
     cap = a.trials + 1
     n = len(results[STRATEGIES[0]])
     lines = [f"| strategy | median trials to 2% | p90 trials | median GPU-h to 2% | p90 GPU-h | "
@@ -187,7 +233,7 @@ def main(argv=None) -> int:
         lines.append(f"| {s} | {pct(tr, 0.5, cap)} | {pct(tr, 0.9, cap)} | "
                      f"{pct([h for h in hs], 0.5, hcap) if any(h is not None for h in hs) else '-'} | "
                      f"{pct([h for h in hs], 0.9, hcap) if any(h is not None for h in hs) else '-'} | "
-                     f"{100 * statistics.mean(x['r5'] for x in m):.1f}% | {100 * statistics.mean(x['r10'] for x in m):.1f}% | "
+                     f"{100 * statistics.mean(x['r5'] for x in m):.2f}% | {100 * statistics.mean(x['r10'] for x in m):.2f}% | "
                      f"{statistics.mean(x['ooms'] for x in m):.2f} |")
     table_md = "\n".join(lines)
     print(f"\n{n} worlds, {a.trials} trials each, {time.time() - t0:.0f} s\n\n{table_md}")

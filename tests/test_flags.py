@@ -32,6 +32,12 @@ VARIANTS = {
     "pp": dict(pp=4),
     "cp": dict(cp=2),
     "ep": dict(ep=2),
+    "etp": dict(ep=2, etp=2),
+    "moe_dispatcher": dict(moe_dispatcher="alltoall"),
+    "moe_grouped_gemm": dict(moe_grouped_gemm=True),
+    "moe_permute_fusion": dict(moe_permute_fusion=True),
+    "moe_shared_expert_overlap": dict(moe_shared_expert_overlap=True),
+    "moe_capacity_factor": dict(moe_capacity_factor=1.25),
     "sp": dict(sp=True),
     "first": dict(first=30),
     "last": dict(last=30),
@@ -50,9 +56,15 @@ VARIANTS = {
     "overlap_grad_reduce": dict(overlap_grad_reduce=True),
     "overlap_param_gather": dict(overlap_param_gather=True),
     "tp_comm_overlap": dict(tp_comm_overlap=True),
+    # issue 15
+    "pipeline_layout": dict(pp=4, pipeline_layout="Et*16|t*17|t*17|t*14L"),
+    "account_for_embedding": dict(pp=2, account_for_embedding=True, account_for_loss=True),
+    "account_for_loss": dict(pp=2, account_for_loss=True, account_for_embedding=True),
+    "recompute_modules": dict(recompute_granularity="selective", recompute_modules=("core_attn", "mlp")),
+    "offload_modules": dict(offload_modules=("core_attn", "attn_proj")),
 }
 # Layout fields that are numerics, not layout, by their flags' class: --bf16 / --fp16 change the arithmetic.
-NUMERICS_FIELDS = {"precision"}
+NUMERICS_FIELDS = {"precision", "moe_capacity_factor"}  # dropping tokens changes the loss (issue 14)
 
 
 def _flags_of(owner: str, name: str) -> list[FlagSpec]:
@@ -130,8 +142,9 @@ def test_bad_values_are_one_line_flag_errors(qwen):
         with pytest.raises(FlagError) as e:
             from_flags(argv, qwen, 8)
         assert str(e.value) == msg and "\n" not in str(e.value)
-    with pytest.raises(LayoutError, match="only 1 is supported"):
-        from_flags("--expert-tensor-parallel-size 2", qwen, 8)
+    # issue 14: ETP is a layout field now; an absent one reads as TP when EP > 1 (Megatron validate_args)
+    assert from_flags("--expert-tensor-parallel-size 2", qwen, 8).layout.etp == 2
+    assert from_flags("--tensor-model-parallel-size 2 --expert-model-parallel-size 2", qwen, 8).layout.etp == 2
 
 
 def test_unknown_flags_are_reported_as_ignored(qwen):
@@ -151,7 +164,7 @@ def test_special_flags(qwen):
     assert p.dynamic_batching and p.layout.max_tokens_per_gpu == 8192
     assert from_flags("--fp16 --bf16", qwen, 8).layout.precision == "bf16"  # the last one given wins
     assert from_flags("", qwen, 8).layout.distributed_optimizer is False  # absent switch: off
-    assert "--expert-tensor-parallel-size" in SPECIAL_FLAGS and "--bf16" in SPECIAL_FLAGS
+    assert "--bf16" in SPECIAL_FLAGS and "--expert-tensor-parallel-size" in LAYOUT_FLAGS
 
 
 def test_field_views_keep_their_shape():

@@ -256,7 +256,7 @@ def test_sigint_fails_the_trial_kills_the_tree_and_a_restart_resumes(pg, tmp_pat
     assert rc2 == 0, out2
     trials = _trials(pg, "sigint")
     s = _summary(trials)
-    assert s["completed"] == 3 and s["running"] == 0
+    assert s["completed"] == 3 and s["running"] == 0, (s, out2[-3000:])
     assert [x for x in _measured(trials) if x.user_attrs.get("retry_of") == running.number]
     with capsys.disabled():
         print(f"\nFAULT sigint: workers 1 then 1 restarted, completed {s['completed']}, failed {s['failed']}, "

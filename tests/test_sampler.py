@@ -11,8 +11,9 @@ import pytest
 from attune.api.tune import tune, tune_config
 from attune.estimator import estimate
 from attune.estimator.coefficients import coefficients_for
-from attune.search.recalibrate import Measurement, fitted_bounds, recalibrate
+from attune.search.recalibrate import MEMORY_PRIOR_FRACTION, Measurement, fitted_bounds, recalibrate
 from attune.search.records import records
+from attune.search import sampler as sampler_module
 from attune.search.sampler import ModelGuidedSampler, busy_or_done_keys
 from attune.search.scoring import score_space
 from attune.search.space import layout_key, load_space, params_key
@@ -116,3 +117,46 @@ def test_a_real_oom_raises_the_memory_offset_of_its_stage(tmp_path):
 def test_bad_stop_settings(tmp_path, bad):
     with pytest.raises(Exception, match="min gain|sampler 'grid'|stop probability"):
         tune_config(**TARGET, out=tmp_path, **bad)
+
+
+def test_measured_peaks_of_a_two_stage_layout_set_the_middle_stages_offset_too(tmp_path):
+    """A PP=2 baseline measures only a first and a last stage: the middle stages of deeper pipelines borrow the
+    common offset, and the spread of every position shrinks below the unmeasured prior."""
+    cfg = tune_config(**TARGET, out=tmp_path)
+    shipped = coefficients_for(cfg.cluster.gpu)
+    ctx = (cfg.model, cfg.cluster, cfg.workload, cfg.engine)
+    cap = cfg.cluster.gpu.capacity_gib
+    lay = cfg.baseline
+    assert lay.pp == 2
+    e = estimate(cfg.model, cfg.cluster, lay, cfg.workload, cfg.engine, shipped, check_layout=False)
+    peaks = [s.total_gib + 6.0 for s in e.memory.stages]  # the truth: 6 GiB more on every stage
+    cal = recalibrate([Measurement(layout=lay, tokens_per_s_per_gpu=e.perf.tokens_per_s_per_gpu, stage_peak_gib=peaks)],
+                      shipped, ctx, cap)
+    assert all(5.0 < cal.memory_offset_gib[p] < 6.5 for p in ("first", "middle", "last"))
+    assert cal.memory_spread_gib["middle"] < MEMORY_PRIOR_FRACTION * cap  # below the unmeasured prior
+    assert cal.memory_spread_gib["first"] < cal.memory_spread_gib["middle"]
+
+
+def test_near_duplicates_of_a_measured_layout_are_not_proposed(tmp_path, monkeypatch):
+    """After the model's optimum is measured exactly as predicted, the next proposal is more than one knob step
+    away from it (its split / recompute neighbours are not predicted better by more than min_gain)."""
+    cfg = tune_config(**TARGET, out=tmp_path)
+    shipped = coefficients_for(cfg.cluster.gpu)
+    table = score_space(cfg.space, cfg.model, cfg.cluster, cfg.workload, cfg.engine, shipped)
+    ok = np.flatnonzero(table.host_fits & (table.peak_gib <= cfg.cluster.gpu.capacity_gib * 0.98)
+                        & np.isfinite(table.tokens))
+    top = ok[np.argmax(table.tokens[ok])]
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(optuna.trial.create_trial(
+        params=table.params[top], distributions={k: v for k, v in cfg.space.distributions().items()
+                                                 if k in table.params[top]},
+        value=float(table.tokens[top]), user_attrs={"role": "candidate", "layout": table.layouts[top].to_dict()}))
+
+    def proposal():
+        s = ModelGuidedSampler(table=table, shipped=shipped, capacity_gib=cfg.cluster.gpu.capacity_gib,
+                               recalibrate=False)
+        return float(np.abs(table.features[s.propose(study)] - table.features[top]).sum())
+
+    assert proposal() > sampler_module.NEAR_DUPLICATE
+    monkeypatch.setattr(sampler_module, "NEAR_DUPLICATE", -1.0)  # without the rule: a neighbour of the optimum
+    assert proposal() <= 1.0

@@ -54,7 +54,7 @@ def test_space_domains_fixed_and_baseline_round_trip(qwen, h200x8, slime, seed_c
 def test_spaces_are_package_data(tmp_path, monkeypatch):
     # found through importlib.resources, not the checkout: works from any directory and from a wheel
     monkeypatch.chdir(tmp_path)
-    assert bundled_spaces() == ["dense", "small"]
+    assert bundled_spaces() == ["dense", "moe", "small"]  # moe: issue 14
     files = {f.name for f in resources.files("attune.search.spaces").iterdir()}
     assert {"dense.yaml", "small.yaml"} <= files
     assert load_space(None).name == "dense" and load_space("small").name == "small"
@@ -62,7 +62,7 @@ def test_spaces_are_package_data(tmp_path, monkeypatch):
     own = tmp_path / "mine.yaml"
     own.write_text("name: mine\nknobs:\n  pp: [1, 2]\n")
     assert load_space(own).name == "mine" and load_space(str(own)).knobs == {"pp": (1, 2)}
-    with pytest.raises(SearchSpaceError, match="bundled spaces: dense, small"):
+    with pytest.raises(SearchSpaceError, match="bundled spaces: dense, moe, small"):
         load_space("tiny")
 
 

@@ -86,7 +86,10 @@ def tune_config(*, model: str, gpus: str, runner: str = "sim", trial_kind: str =
         wl = replace(wl, **{k: v for k, v in (("seq_length", seq), ("global_batch", global_batch)) if v})
     if steps:
         wl = wl.with_steps(steps)
-    space = load_space(search_space or caps.default_search_space)
+    default_space = caps.default_search_space
+    if m.moe is not None and default_space in (None, "dense"):
+        default_space = "moe"  # MoE models: EP, ETP and the dispatcher on top of the dense knobs (issue 14)
+    space = load_space(search_space or default_space)
     opts = {}
     if caps.needs_cluster_file:
         if not cluster_file:

@@ -21,7 +21,7 @@ from attune.errors import AttuneError, UserInputError
 from attune.spec.engine import ENGINES, Engine, get_engine
 from attune.spec.hardware import GPUS, GiB, parse_cluster
 from attune.spec.layout import Layout, Workload
-from attune.spec.model import ModelSpec, from_geometry
+from attune.spec.model import ModelSpec, from_geometry, load_model
 from attune.spec.rules import check
 
 CORPUS_FILES = ("dense.yaml", "moe.yaml", "memory.yaml")
@@ -186,9 +186,17 @@ def _layout(row: dict, model: ModelSpec, engine: Engine, assumptions: list[str])
     stated = {field: True for flag, field in NOTE_FLAGS.items() if re.search(re.escape(flag) + r"(?![\w-])", notes)}
     if stated:
         assumptions.append("from the notes: " + ", ".join(f for f in NOTE_FLAGS if NOTE_FLAGS[f] in stated))
+    account = {}
+    v_ = int(vpp)
+    if v_ > 1 and model.num_layers % (pp * v_) and (model.num_layers + 2) % (pp * v_) == 0:
+        # Megatron-Bridge's recipes for such splits (Qwen3-235B-A22B: 94 layers over PP 8 x VPP 3) count the
+        # embedding and the loss as one layer each (--account-for-embedding/loss-in-pipeline-split)
+        account, first, last = dict(account_for_embedding=True, account_for_loss=True), None, None
+        assumptions.append(f"layer split: {model.num_layers} layers + embedding + loss over PP {pp} x VPP {v_} "
+                           f"(account-for-embedding/loss-in-pipeline-split) [assumed]")
     try:
         layout = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vpp=int(vpp), sp=bool(sp), micro_batch_size=int(mbs), first=first, last=last,
-                        distributed_optimizer=bool(dist), precision=precision, **stated,
+                        distributed_optimizer=bool(dist), precision=precision, **stated, **account,
                         **_recompute(row.get("recompute"), assumptions))
         wl = Workload(seq_length=seq, global_batch=gbs)
     except UserInputError as e:
@@ -204,6 +212,8 @@ def _throughput(row: dict) -> float:
     if d.get("tokens_per_s_per_gpu"):
         return float(d["tokens_per_s_per_gpu"])
     m = row.get("measured") or {}
+    if m.get("metric") == "tokens_per_s_per_gpu" and m.get("value"):  # the MoE rows state it as the measurement
+        return float(m["value"])
     if m.get("metric") == "step_time_s" and m.get("value"):
         # tokens/s/GPU = global batch x sequence length / step time / GPUs (README "derived")
         return float(_need(row, "global_batch")) * float(_need(row, "seq_len")) / float(m["value"]) / float(
@@ -244,6 +254,32 @@ def _series(row: dict) -> str:
     return "-".join(str(row["id"]).split("-")[:3])
 
 
+# MoE corpus models attune bundles (issue 14): the corpus name -> the bundled model. Others (DeepSeek-V3 / Kimi K2:
+# MLA; GPT-OSS: sliding-window attention with sinks; Nemotron 3: Mamba hybrids) are listed as not modelled.
+MOE_MODELS = {"qwen3_235b_a22b": "Qwen3-235B-A22B", "qwen3_30b_a3b": "Qwen3-30B-A3B"}
+
+
+def _moe_layout(row: dict, layout: Layout, model: ModelSpec, engine: Engine, wl: Workload,
+                assumptions: list[str]) -> Layout:
+    """The row's expert parallel sizes on top of its dense layout."""
+    ep = int(row.get("ep") or 1)
+    etp = row.get("etp")
+    if etp is None:
+        etp = 1
+        assumptions.append("etp: not stated, 1 (the Megatron-Bridge Qwen3 MoE recipes' expert_tensor_parallel_size) [assumed]")
+    assumptions.append("MoE: alltoall dispatcher, grouped GEMM, permute fusion (Megatron-Bridge MoE performance "
+                       "recipes) [assumed]; the source force-balances tokens over experts")
+    try:
+        lay = Layout(**{**layout.to_dict(), "ep": ep, "etp": int(etp), "moe_dispatcher": "alltoall",
+                        "moe_grouped_gemm": True, "moe_permute_fusion": True})
+    except UserInputError as e:
+        raise _Unexpressed(f"layout: {e}") from None
+    broken = check(lay, model, lay.world_size, wl, engine)
+    if broken:
+        raise _Unexpressed(f"layout rule: {broken[0]}")
+    return lay
+
+
 def read_row(row: dict, file: str) -> CorpusRow:
     """One corpus row, expressed or with the reason it is not."""
     if not isinstance(row, dict) or not row.get("id"):
@@ -260,18 +296,25 @@ def read_row(row: dict, file: str) -> CorpusRow:
         pc = row.get("precision_class")
         if row.get("low_precision") or (pc and pc not in ("bf16", "fp16")):
             raise _Unexpressed(f"not modelled: {pc or 'low precision'}")
-        if g.get("moe") or file == "moe.yaml" or g.get("experts") or (row.get("ep") or 1) > 1:
-            raise _Unexpressed("not modelled: MoE (issue 14)")
+        is_moe = bool(g.get("moe") or file == "moe.yaml" or g.get("experts") or (row.get("ep") or 1) > 1)
+        bundled = MOE_MODELS.get(str(g.get("name") or "").strip().lower()) if is_moe else None
+        if is_moe and bundled is None:
+            raise _Unexpressed(f"not modelled: MoE model {g.get('name')} (bundled MoE families: qwen3_moe, qwen3_next, "
+                               f"qwen3_5_moe, mixtral)")
         if pc is None:
             raise _Unexpressed("missing field: precision_class")
         key = _gpu_key(str(row.get("gpu") or ""))
         engine = _engine(str(row.get("engine") or ""), assumptions, str(row.get("engine_version") or ""))
         seq = int(_need(row, "seq_len"))
-        model = model_from_geometry(g, seq)
-        if not g.get("vocab"):
+        model = load_model(bundled) if bundled else model_from_geometry(g, seq)
+        if bundled:
+            assumptions.append(f"model: the bundled {bundled} (the row names the model only)")
+        elif not g.get("vocab"):
             assumptions.append("vocab: not stated, 0 (the row's figures count the transformer layers only)")
         cluster = parse_cluster(f"{int(_need(row, 'num_gpus'))}x{key}")
         layout, wl = _layout(row, model, engine, assumptions)
+        if bundled:
+            layout = _moe_layout(row, layout, model, engine, wl, assumptions)
         tps = _throughput(row) if file != "memory.yaml" else None
         mem = _memory(row["memory"]) if row.get("memory") else None
     except _Unexpressed as e:

@@ -24,13 +24,24 @@ def print_estimate(est: Estimate, source: str = "", ignored: list[str] | tuple[s
     con = con or console()
     m, p = est.memory, est.perf
     t = Table(title=f"{est.model.name} on {est.cluster.spec} ({est.engine.name}): {est.layout.label()}")
-    for c in ["stage", "layers", "weights", "grads", "optimizer", "activations", "logits", "overhead", "total (GiB)"]:
+    moe = est.model.moe is not None  # MoE: dense and expert parts in separate columns (issue 14)
+    cols = ["stage", "layers", "weights", "grads", "optimizer", "activations", "logits", "overhead", "total (GiB)"]
+    if moe:
+        cols[2:5] = ["dense weights", "dense grads", "dense optimizer", "expert weights", "expert grads",
+                     "expert optimizer"]
+        cols.insert(cols.index("activations") + 1, "of which expert")
+    for c in cols:
         t.add_column(c, justify="right")
     for s in m.stages:
         style = "red" if s.total_gib > m.capacity_gib else None
-        t.add_row(str(s.stage), str(s.layers), f"{s.weights_gib:.1f}", f"{s.grads_gib:.1f}", f"{s.optimizer_gib:.1f}",
-                  f"{s.activations_gib:.1f}", f"{s.logits_gib:.1f}", f"{s.overhead_gib:.1f}", f"{s.total_gib:.1f}",
-                  style=style)
+        row = [str(s.stage), str(s.layers), f"{s.weights_gib:.1f}", f"{s.grads_gib:.1f}", f"{s.optimizer_gib:.1f}"]
+        if moe:
+            row += [f"{s.expert_weights_gib:.1f}", f"{s.expert_grads_gib:.1f}", f"{s.expert_optimizer_gib:.1f}"]
+        row.append(f"{s.activations_gib:.1f}")
+        if moe:
+            row.append(f"{s.expert_activations_gib:.1f}")
+        row += [f"{s.logits_gib:.1f}", f"{s.overhead_gib:.1f}", f"{s.total_gib:.1f}"]
+        t.add_row(*row, style=style)
     con.print(t)
     con.print(f"capacity {m.capacity_gib:.1f} GiB per GPU; {m.verdict()}", highlight=False)
     if m.host_needed_gib:
@@ -100,12 +111,16 @@ def preflight_table(report) -> Table:
 
 def models_table(models: list[ModelSpec]) -> Table:
     t = Table(title="bundled models")
-    for c in ("name", "family", "layers (full/GDN)", "hidden", "heads/kv", "vocab", "total params", "active params"):
+    for c in ("name", "family", "layers (full/GDN)", "hidden", "heads/kv", "vocab", "experts (top-k)", "total params",
+              "activated params", "active params (MFU)"):
         t.add_column(c, justify="right" if c not in ("name", "family") else "left")
     for m in models:
         s = m.summary()
-        t.add_row(m.name, m.family, f"{m.num_layers} ({s['full_attention_layers']}/{s['gated_deltanet_layers']})",
-                  str(m.hidden), f"{m.heads}/{m.kv_heads}", f"{m.vocab:,}", f"{m.total_params:,}", f"{m.active_params:,}")
+        moe = m.moe
+        t.add_row(m.name, moe.family if moe else m.family,
+                  f"{m.num_layers} ({s['full_attention_layers']}/{s['gated_deltanet_layers']})",
+                  str(m.hidden), f"{m.heads}/{m.kv_heads}", f"{m.vocab:,}", f"{moe.experts} ({moe.top_k})" if moe else "-",
+                  f"{m.total_params:,}", f"{m.activated_params:,}", f"{m.active_params:,}")
     return t
 
 

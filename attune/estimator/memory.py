@@ -19,6 +19,8 @@ from functools import lru_cache
 
 from .coefficients import DEFAULT, Coefficients
 from attune.estimator.costs import BF16, FP32, Shape, layer_costs
+from attune.estimator import offload as knob_terms
+from attune.estimator import moe as moe_terms
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster, GiB
 from attune.spec.placement import Batching, Placement, place, stage_params
@@ -48,6 +50,16 @@ class StageMemory:
     overhead_gib: float  # the sum of ``overheads``
     host_optimizer_gib: float  # optimizer state moved to host memory by CPU offload
     inflight_microbatches: float
+    expert_params: float = 0.0
+    """MoE: routed-expert parameters one GPU of this stage holds (all experts / EP x ETP); not in ``params``."""
+    expert_weights_gib: float = 0.0
+    """MoE: routed-expert weights, GiB (not in ``weights_gib``, which is the dense part)."""
+    expert_grads_gib: float = 0.0
+    """MoE: routed-expert gradients, GiB."""
+    expert_optimizer_gib: float = 0.0
+    """MoE: routed-expert optimizer states on the GPU, sharded over the expert data-parallel group, GiB."""
+    expert_activations_gib: float = 0.0
+    """MoE: of ``activations_gib``, the routed tokens' tensors (dispatched tokens x top-k), GiB."""
     overheads: dict[str, float] = field(default_factory=dict)
     """Named fixed and proportional terms, GiB: gemm_workspaces, tp_overlap_buffers, optimizer_step_peak (the
     optimizer step's excess over the forward/backward peak, when it has one; inside the allocator),
@@ -57,7 +69,7 @@ class StageMemory:
     def allocated_gib(self) -> float:
         """Peak allocated by PyTorch's caching allocator (``torch.cuda.max_memory_allocated``)."""
         return (self.weights_gib + self.grads_gib + self.optimizer_gib + self.activations_gib + self.logits_gib
-                + self.overheads.get("gemm_workspaces", 0.0) + self.overheads.get("tp_overlap_buffers", 0.0)
+                + self.expert_state_gib + self.overheads.get("gemm_workspaces", 0.0) + self.overheads.get("tp_overlap_buffers", 0.0)
                 + self.overheads.get("optimizer_step_peak", 0.0))
 
     @property
@@ -70,7 +82,12 @@ class StageMemory:
         """What the device holds at the peak and the verdict compares with its memory: the reserved peak plus
         the CUDA context and NCCL buffers outside the allocator (what nvidia-smi shows)."""
         return (self.weights_gib + self.grads_gib + self.optimizer_gib + self.activations_gib + self.logits_gib
-                + self.overhead_gib)
+                + self.expert_state_gib + self.overhead_gib)
+
+    @property
+    def expert_state_gib(self) -> float:
+        """MoE: routed-expert weights + gradients + optimizer states, GiB (0 for dense models)."""
+        return self.expert_weights_gib + self.expert_grads_gib + self.expert_optimizer_gib
 
     def to_dict(self) -> dict:
         return {
@@ -82,6 +99,10 @@ class StageMemory:
                 "optimizer_gib": round(self.optimizer_gib, 3), "activations_gib": round(self.activations_gib, 3),
                 "logits_gib": round(self.logits_gib, 3), "overhead_gib": round(self.overhead_gib, 3),
             },
+            **({"experts": {"params": int(self.expert_params), "weights_gib": round(self.expert_weights_gib, 3),
+                            "grads_gib": round(self.expert_grads_gib, 3),
+                            "optimizer_gib": round(self.expert_optimizer_gib, 3),
+                            "activations_gib": round(self.expert_activations_gib, 3)}} if self.expert_params else {}),
             "overheads_gib": {k: round(v, 3) for k, v in self.overheads.items()},
             "host_optimizer_gib": round(self.host_optimizer_gib, 3),
             "inflight_microbatches": round(self.inflight_microbatches, 2),
@@ -243,13 +264,22 @@ def _fixed_overheads(layout: Layout, workload: Workload, engine: Engine, cluster
     return out
 
 
+def _stored_layers(layout: Layout, st) -> int:
+    """Layers of a stage that keep their full activations under the recompute policy."""
+    if layout.recompute_granularity != "full":
+        return st.layers
+    if layout.recompute_method == "block":
+        return sum(max(0, c.layers - (layout.recompute_num_layers or 0)) for c in st.chunks)
+    return 0
+
+
 def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workload, engine: Engine,
                     coef: Coefficients = DEFAULT, placement: Placement | None = None) -> MemoryEstimate:
     """Each pipeline stage's peak memory; ``placement`` is derived here when the caller has none."""
     pl = placement or place(model, layout, workload, engine)
     b = pl.batch
     shape = Shape(layout.tp, layout.sp, layout.cp, b.tokens_per_gpu, workload.seq_length)
-    costs = layer_costs(model, engine, shape)
+    costs = moe_terms.with_expert_activations(layer_costs(model, engine, shape), model, layout, shape)
     cpu = cluster.gpu.is_cpu
     # the torch runner keeps fp32 parameters (bf16 autocast on GPU, fp32 on CPU); Megatron/slime keep bf16 ones
     fp32_training = cpu or engine.attune_trainer
@@ -259,6 +289,16 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload
     copy_b = step_grad_copy_bytes(layout, fp32_training, grad_reduce_in_bf16=bf16_grads,
                                   fp16_grads_in_fp32=engine.fp16_grads_in_fp32)
     o_b -= copy_b  # held during forward/backward; the copy is the optimizer step's own peak (below)
+    # MoE: the routed experts' optimizer is sharded over the expert data-parallel group (attune.estimator.moe)
+    ew_b = eg_b = eo_b = eh_b = ecopy_b = 0.0
+    if model.moe is not None:
+        e_lay = moe_terms.expert_layout(layout)
+        ew_b, eg_b, eo_b, eh_b = optimizer_bytes(e_lay, fp32_training=fp32_training, grad_reduce_in_bf16=bf16_grads,
+                                                 fp16_grads_in_fp32=engine.fp16_grads_in_fp32)
+        ecopy_b = step_grad_copy_bytes(e_lay, fp32_training, grad_reduce_in_bf16=bf16_grads,
+                                       fp16_grads_in_fp32=engine.fp16_grads_in_fp32)
+        eo_b -= ecopy_b
+    e_act = moe_terms.expert_activation_bytes(model, layout, shape)
     selective = layout.recompute_granularity == "selective"
     act_scale = FP32 / BF16 if cpu else 1.0  # activations are fp32 on CPU workers, bf16 on GPUs
     frag = 0.0 if cpu else (coef.fragmentation_expandable if engine.expandable_segments else coef.fragmentation)
@@ -280,16 +320,32 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload
             worst = max(k.act_bytes for k in kinds)
             work = max(work, max(k.bwd_work_bytes for k in kinds))
             if not rec_full:
-                f_bytes = full.act_bytes - (full.selective_freed_bytes if selective else 0.0)
-                stored += n_full * f_bytes + (n_lin * costs[LINEAR].act_bytes if n_lin else 0)
+                # issue 15: selective recompute by module and activation offloading (attune.estimator.offload)
+                f_rec = knob_terms.recompute_freed_bytes(full, FULL, layout, model, engine) if selective else 0.0
+                f_off = knob_terms.offloaded_bytes(full, FULL, layout, model, engine)
+                stored += n_full * (full.act_bytes - f_rec - f_off)
+                rebuilt = max(rebuilt, f_rec)
+                kept_off = f_off if n_full else 0.0
+                if n_lin:
+                    lc = costs[LINEAR]
+                    l_rec = knob_terms.recompute_freed_bytes(lc, LINEAR, layout, model, engine) if selective else 0.0
+                    l_off = knob_terms.offloaded_bytes(lc, LINEAR, layout, model, engine)
+                    stored += n_lin * (lc.act_bytes - l_rec - l_off)
+                    rebuilt = max(rebuilt, l_rec)
+                    kept_off = max(kept_off, l_off)
+                stored += kept_off  # the chunk's last layer stays on the GPU (its backward follows at once)
                 continue
             n = ch.layers
             if layout.recompute_method == "block":
                 k = min(n_rec, n)  # the first k layers of each chunk keep only their input
                 f_rec, l_rec = model.count_types(a, a + k)
                 f_keep, l_keep = n_full - f_rec, n_lin - l_rec
+                # activation offload acts on the layers that keep their activations (attune.estimator.offload)
+                f_off = knob_terms.offloaded_bytes(full, FULL, layout, model, engine) if f_keep else 0.0
+                l_off = knob_terms.offloaded_bytes(costs[LINEAR], LINEAR, layout, model, engine) if l_keep else 0.0
                 stored += (k * full.input_bytes
-                           + f_keep * full.act_bytes + (l_keep * costs[LINEAR].act_bytes if l_keep else 0))
+                           + f_keep * (full.act_bytes - f_off)
+                           + (l_keep * (costs[LINEAR].act_bytes - l_off) if l_keep else 0) + max(f_off, l_off))
                 if k:
                     rebuilt = max(rebuilt, worst)
             else:  # uniform: every group of n_rec layers keeps its input; a whole group is rebuilt in backward
@@ -298,6 +354,7 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload
                 rebuilt = max(rebuilt, min(n_rec, n) * worst)
         first, last = st.is_first, st.is_last
         params = stage_params(model, layout, r, lambda kind: costs[kind].params_on_gpu, st.ranges)
+        ex = moe_terms.stage_expert_params(model, layout, st.layers)
         inflight = st.inflight
         # backward transient: the layer being differentiated (rebuilt if recomputed) plus its gradient working
         # set; on the first stage the embedding's dense bf16 weight gradient (megatron-core
@@ -311,11 +368,12 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload
             logits = engine.logits_bytes_per_element * b.tokens_per_gpu * model.vocab / layout.tp
             logits += BF16 * b.tokens_per_gpu * model.hidden  # output-layer input
         over = fixed_overheads(layout, workload, engine, cluster, r, model, coef)
-        allocated = (params * (w_b + g_b + o_b) + acts + logits) / GiB + over.get("gemm_workspaces", 0.0) + over.get(
-            "tp_overlap_buffers", 0.0)
+        allocated = (params * (w_b + g_b + o_b) + ex * (ew_b + eg_b + eo_b) + acts + logits) / GiB + over.get(
+            "gemm_workspaces", 0.0) + over.get("tp_overlap_buffers", 0.0)
         # the optimizer step's peak: the states plus the fp32 grad copies, no activations; it sets the stage's
         # peak only when it exceeds the forward/backward one
-        step_peak = params * (w_b + g_b + o_b + copy_b) / GiB + over.get("gemm_workspaces", 0.0)
+        step_peak = (params * (w_b + g_b + o_b + copy_b) + ex * (ew_b + eg_b + eo_b + ecopy_b)) / GiB + over.get(
+            "gemm_workspaces", 0.0)
         if step_peak > allocated:
             over["optimizer_step_peak"] = step_peak - allocated
             allocated = step_peak
@@ -325,7 +383,10 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload
             stage=r, layers=st.layers, params=params,
             weights_gib=params * w_b / GiB, grads_gib=params * g_b / GiB, optimizer_gib=params * o_b / GiB,
             activations_gib=acts / GiB, logits_gib=logits / GiB, overhead_gib=sum(over.values()),
-            host_optimizer_gib=params * h_b / GiB, inflight_microbatches=inflight, overheads=over,
+            host_optimizer_gib=(params * h_b + ex * eh_b) / GiB, inflight_microbatches=inflight, overheads=over,
+            expert_params=ex, expert_weights_gib=ex * ew_b / GiB, expert_grads_gib=ex * eg_b / GiB,
+            expert_optimizer_gib=ex * eo_b / GiB,
+            expert_activations_gib=act_scale * inflight * e_act * _stored_layers(layout, st) / GiB,
         ))
     # host memory per node: GPUs of a node are spread over stages; take the mean stage times GPUs per node
     per_gpu_host = sum(s.host_optimizer_gib for s in stages) / len(stages)

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field, replace
 
 from .coefficients import DEFAULT, Coefficients
 from attune.estimator.costs import BF16, FP32, LayerCost, Shape, layer_costs, logits_flops
+from attune.estimator import offload as knob_terms
 from attune.estimator.metrics import model_flops_utilization, usd_per_million_tokens
+from attune.estimator import moe as moe_terms
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
@@ -33,9 +35,10 @@ CPU_ADAM_BYTES_PER_PARAM = 28
 OFFLOAD_PCIE_BYTES_PER_PARAM = FP32 + FP32
 
 PARTS = ("fwd_gemm", "fwd_attention", "fwd_gdn", "fwd_memory", "bwd_gemm", "bwd_attention", "bwd_gdn",
-         "bwd_memory", "recompute", "tp_comm", "cp_comm", "pp_comm")
-"""Per-microbatch parts of a stage's time: compute by kind, recompute, exposed communication by kind."""
-COMM_PARTS = ("tp_comm", "cp_comm", "pp_comm")
+         "bwd_memory", "recompute", "tp_comm", "cp_comm", "pp_comm", "ep_comm", "act_offload")
+"""Per-microbatch parts of a stage's time: compute by kind, recompute, exposed communication by kind (PCIe
+activation offload traffic included: ``act_offload``)."""
+COMM_PARTS = ("tp_comm", "cp_comm", "pp_comm", "ep_comm", "act_offload")
 
 
 @dataclass
@@ -132,7 +135,7 @@ def _link_gbps(group: int, stride: int, cluster: Cluster, coef: Coefficients) ->
 def _layer_parts(c: LayerCost, peak: float, hbm: float, tp_bw: float, cp_bw: float, tp: int, tp_overlap: bool,
                  coef: Coefficients) -> dict[str, float]:
     """One layer, one microbatch: forward and backward compute by kind and exposed comm, seconds."""
-    gemm = sum(fl / (peak * gemm_efficiency(d, coef)) for fl, d in c.gemm)
+    gemm = sum(fl / (peak * gemm_efficiency(d, coef)) for fl, d in c.gemm if fl)  # MoE without a shared expert: 0
     attn = c.attn_flops / (peak * coef.attention_efficiency)
     gdn = c.gdn_flops / (peak * coef.gdn_kernel_efficiency)
     mem = coef.memory_passes * c.act_bytes / (hbm * coef.hbm_efficiency)
@@ -181,6 +184,7 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
         hit = _TIMES[key] = (costs, {k: _layer_parts(c, peak, hbm, tp_bw, cp_bw, layout.tp, tp_overlap, coef)
                                      for k, c in costs.items()})
     times = hit[1]
+    moe_t = moe_terms.moe_layer_times(model, cluster, layout, shape, coef)  # routed experts per MoE layer; {} if dense
     rec_full = layout.recompute_granularity == "full"
     n_rec = layout.recompute_num_layers or 0
     p, v, m = layout.pp, layout.vpp, b.microbatches
@@ -212,8 +216,27 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
                 parts["recompute"] += n_r * (t["fwd_gemm"] + t["fwd_attention"] + t["fwd_gdn"] + t["fwd_memory"])
                 parts["tp_comm"] += (n + n_r) * t["tp_fwd"] + n * t["tp_bwd"]
                 parts["cp_comm"] += (n + n_r) * t["cp_fwd"] + n * t["cp_bwd"]
+            if moe_t:  # every layer of the bundled MoE models is an MoE layer
+                for key in ("gemm", "memory"):
+                    parts["fwd_" + key] += ch.layers * moe_t["fwd_" + key]
+                    parts["bwd_" + key] += ch.layers * moe_t["bwd_" + key]
+                parts["recompute"] += k * (moe_t["fwd_gemm"] + moe_t["fwd_memory"])
+                parts["ep_comm"] += (ch.layers + k) * moe_t["ep_fwd"] + ch.layers * moe_t["ep_bwd"]
             if layout.recompute_granularity == "selective":
-                parts["recompute"] += n_full * times[FULL]["fwd_attention"]  # core attention re-run in backward
+                # the recomputed modules' forward re-run in backward (core_attn by default; attune.estimator.offload)
+                for kind, n in ((FULL, n_full), (LINEAR, n_lin)):
+                    if n:
+                        parts["recompute"] += n * knob_terms.recompute_seconds(costs[kind], times[kind], kind, layout,
+                                                                               model, engine)
+            if layout.offload_modules:
+                # offloaded: the layers that keep their activations (not the recomputed ones)
+                off_b = sum((n - n_r) * knob_terms.offloaded_bytes(costs[kind], kind, layout, model, engine)
+                            for kind, n, n_r in ((FULL, n_full, f_rec), (LINEAR, n_lin, l_rec)) if n)
+                fwd_c = sum(n * (times[kind]["fwd_gemm"] + times[kind]["fwd_attention"] + times[kind]["fwd_gdn"]
+                                 + times[kind]["fwd_memory"]) for kind, n in ((FULL, n_full), (LINEAR, n_lin)) if n)
+                bwd_c = sum(n * (times[kind]["bwd_gemm"] + times[kind]["bwd_attention"] + times[kind]["bwd_gdn"]
+                                 + times[kind]["bwd_memory"]) for kind, n in ((FULL, n_full), (LINEAR, n_lin)) if n)
+                parts["act_offload"] += knob_terms.offload_exposed_seconds(off_b, fwd_c, bwd_c, cluster.gpu.pcie_gbps)
             parts["pp_comm"] += 2 * pp_send
         if r == p - 1 and model.vocab:  # a row counting the transformer layers only has no output layer
             fl, d = logits_flops(model, shape)
@@ -250,6 +273,7 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
     params = [stage_params(model, layout, st.rank, lambda kind: costs[kind].params_on_gpu, st.ranges)
               for st in pl.stages]
     d = layout.dp * layout.cp
+    st_layers = [st.layers for st in pl.stages]
     # the grad buffer's dtype (memory.py): fp32 main grads on Megatron-LM's bf16 path, 16-bit with fp16 or where
     # the engine reduces in bf16 (Megatron-Bridge / NeMo performance launches)
     fp16_grads = layout.precision == "fp16" and not engine.fp16_grads_in_fp32
@@ -272,12 +296,15 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
                 t_rs = max(t_rs - st.backward_s - drain, t_rs / n_buckets)
             if ov_param:
                 t_ag = max(t_ag - st.forward_s, t_ag / n_buckets)
-            dp_s = max(dp_s, t_rs + t_ag)
+            dp_s = max(dp_s, t_rs + t_ag + moe_terms.expert_dp_comm_s(model, cluster, layout, st_layers[i], grad_bytes, coef))
             drain += st.backward_s
     # optimizer step on the GPU: HBM traffic per parameter of the shard: read the grad, read and write the
     # master (or its 16-bit remainder), m and v, write the bf16 param (Adam: 4 + 2 x 12 + 2 = 30 bytes for the
     # default bf16 path)
     shard = max(params) / (d if layout.distributed_optimizer else 1)
+    if model.moe is not None:  # the routed experts' shard over the expert data-parallel group
+        shard += moe_terms.stage_expert_params(model, layout, max(st_layers)) / (
+            moe_terms.expert_data_parallel(layout) if layout.distributed_optimizer else 1)
     frac = layout.offload_fraction if layout.optimizer_cpu_offload else 0.0
     if layout.precision_aware_optimizer:
         states, g = BF16 + 2 * FP32, FP32  # 16-bit master remainder, fp32 m and v (Megatron's defaults)
@@ -301,6 +328,8 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
     breakdown = StepBreakdown(
         critical_stage=stages[crit].stage, microbatches=m,
         compute_s={k: m * cp_[k] for k in PARTS if k not in COMM_PARTS},
-        exposed_comm_s={"tp": m * cp_["tp_comm"], "cp": m * cp_["cp_comm"], "pp": m * cp_["pp_comm"], "dp": dp_s},
+        exposed_comm_s={"tp": m * cp_["tp_comm"], "cp": m * cp_["cp_comm"], "pp": m * cp_["pp_comm"],
+                        **({"ep": m * cp_["ep_comm"]} if moe_t else {}),
+                        **({"act_offload": m * cp_["act_offload"]} if layout.offload_modules else {}), "dp": dp_s},
         bubble_s=pipeline - m * slowest, optimizer_s=optimizer_s, overhead_s=overhead)
     return PerfEstimate(step, tps, mfu, usd, pipeline, bubble, dp_s, optimizer_s, overhead, stages, breakdown)

@@ -377,6 +377,14 @@ class LayoutBlock(_Block):
     """--overlap-param-gather."""
     tp_comm_overlap: StrictBool = None
     """--tp-comm-overlap."""
+    pipeline_layout: Annotated[StrictStr, Field(min_length=1)] | None = None
+    """Explicit per-stage pipeline layout (--pipeline-model-parallel-layout: E, t, L, |); absent: the layer split."""
+    account_for_embedding: StrictBool = None
+    """--account-for-embedding-in-pipeline-split; absent: off."""
+    account_for_loss: StrictBool = None
+    """--account-for-loss-in-pipeline-split; absent: off."""
+    offload_modules: list[StrictStr] | None = None
+    """Fine-grained activation offloading (--fine-grained-activation-offloading --offload-modules); absent: off."""
 
 
 class ActiveParams(_Block):

@@ -173,6 +173,10 @@ def recipe_target(recipe: dict | Recipe, *, engine: str | Engine | None = None, 
             workload_block.model_dump(exclude_unset=True) if workload_block else None,
             base_workload or Workload(), precision_aware_default=precision_aware)
         layout = replace(layout, dp=derive_dp(cluster.world_size, layout.tp, layout.pp, layout.cp))
+        if flags:  # MoE kernel switches live in the run flags only (the layout block names EP, ETP, dispatcher)
+            layout = replace(layout, moe_grouped_gemm="--moe-grouped-gemm" in flags,
+                             moe_permute_fusion="--moe-permute-fusion" in flags,
+                             moe_shared_expert_overlap="--moe-shared-expert-overlap" in flags)
     except UserInputError as e:
         raise RecipeError(f"{source} layout: {_one_line(e)}") from None
     try:

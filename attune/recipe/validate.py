@@ -24,6 +24,7 @@ from attune.recipe.target import DEFAULT_ENGINE
 from attune.spec.engine import get_engine
 from attune.spec.flags import FlagSpec, flag_prefixes, flag_table, known_flag, table_describes
 from attune.spec.model import load_model
+from attune.spec.knobs import not_honoured
 from attune.spec.rules import check as layout_rules
 
 from .io import get_path
@@ -217,6 +218,8 @@ def _run_value(flags: dict[str, str | None], spec: FlagSpec, absent: Any) -> tup
         return True, True
     if raw is None or _SHELL_EXPR_RE.search(raw):
         return False, raw
+    if spec.arity == "values":  # compared as the list of words (recipe keys hold lists)
+        return True, raw.split()
     try:
         return True, (int(raw) if spec.type == "int" else float(raw) if spec.type == "float" else raw)
     except ValueError:
@@ -409,6 +412,11 @@ def _check_layout_rules(recipe: dict, rb: RunBlock | None, out: list[Finding]) -
     for message in layout_rules(layout, model, world, workload, engine):
         suffix = next((s for p, s in _RULE_WARNINGS.items() if re.search(p, message)), None)
         out.append(Finding(ERROR if suffix is None else WARNING, _rule_path(message), message + (suffix or "")))
+    # issue 15: named recompute / offload modules that do not act in some layer type (attune.spec.knobs)
+    for message in not_honoured(layout.effective_recompute_modules if layout.recompute_modules else (), model, engine):
+        out.append(Finding(WARNING, "layout.recompute.modules", message))
+    for message in not_honoured(layout.offload_modules, model, engine):
+        out.append(Finding(WARNING, "layout.offload_modules", message))
 
 
 def _check_layout(recipe: dict, rb: RunBlock | None, out: list[Finding]) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from attune.estimator import estimate
 from attune.estimator.coefficients import coefficients_for
 from attune.reporting.plots import plot_study
+from attune.search.ablation import ablation
 from attune.search.records import records, study_counts
 from attune.search.tuner import TuneConfig, TuneOutcome
 
@@ -150,6 +151,30 @@ def _top_predicted(cfg: TuneConfig, out: TuneOutcome) -> list[str]:
     return L
 
 
+def _ablation(cfg: TuneConfig) -> list[str]:
+    """The knobs beyond the seed (issue 15): the best predicted layout without each (attune.search.ablation)."""
+    shipped = cfg.coefficients if cfg.coefficients is not None else coefficients_for(cfg.cluster.gpu)
+    a = ablation(cfg.space, cfg.model, cfg.cluster, cfg.workload, cfg.engine, shipped, cfg.headroom)
+    if a.best_label is None:
+        return []
+    L = ["## What each knob beyond the seed buys (ablation, predicted)\n",
+         f"Best fitting layout of the space with every knob: {a.best_label}, {a.best_tokens:,.1f} tokens/s/GPU "
+         f"(shipped coefficients, {a.usable_gib:.1f} GiB usable per GPU). Each row pins one knob off and takes the "
+         f"best fitting layout left; the last column says what the knob buys or which limit it hits. "
+         f"With none of them: {a.seed_label or 'none fits'}"
+         f"{'' if a.seed_tokens is None else f', {a.seed_tokens:,.1f} tokens/s/GPU'}.\n",
+         "| knob | flags | best without it | tokens/s/GPU | loss | best using it | tokens/s/GPU | what it buys / limit |",
+         "|---|---|---|---|---|---|---|---|"]
+    for r in a.rows:
+        def num(x):
+            return "" if x is None else f"{x:,.1f}"
+        L.append(f"| {r.knob}{'' if r.searched else ' (not searched)'} | `{r.flags}` | {r.without_label or 'none fits'} | "
+                 f"{num(r.without_tokens)} | {'' if r.loss_percent is None else f'{r.loss_percent:.1f}%'} | "
+                 f"{r.using_label or ''} | {num(r.using_tokens)} | {r.limit.replace('|', '/')} |")
+    L.append("")
+    return L
+
+
 def _measured_table(out: TuneOutcome, measured: bool) -> list[str]:
     top = sorted([r for r in records(out.study) if r.is_measured and r.value is not None
                   and r.predicted_peak_gib is not None], key=lambda r: -r.value)[:TOP_TRIALS]
@@ -187,7 +212,7 @@ def write_report(cfg: TuneConfig, out: TuneOutcome, out_dir: Path, recipe: dict 
     measured = bool(out.best and out.best.measured)
     kind = "measured" if measured else "predicted"
     L = _header(cfg) + _winner(cfg, out, recipe, kind) + _baseline(cfg, out, kind) + _search(cfg, out)
-    L += _top_predicted(cfg, out) + _calibration(cfg, out) + _measured_table(out, measured)
+    L += _top_predicted(cfg, out) + _ablation(cfg) + _calibration(cfg, out) + _measured_table(out, measured)
     L.append("## Plots\n")
     for title, name in plots:
         L.append(f"### {title}\n\n![{title}]({name})\n")

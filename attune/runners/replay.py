@@ -35,7 +35,7 @@ from attune.runners.base import FAILED, OK, OOM, Capabilities, Runner, TrialResu
 from attune.spec.flags import from_flags
 from attune.spec.layout import Layout
 from attune.spec.model import ModelSpec
-from attune.spec.placement import stage_layer_counts
+from attune.spec.placement import stage_layer_counts, virtual_stage_counts
 from attune.spec.rules import check
 
 __all__ = ["ReplayRunner", "ReplayRow", "ReplayTableError", "replay_key", "REQUIRED_COLUMNS"]
@@ -56,10 +56,17 @@ def replay_key(layout: Layout, num_layers: int) -> tuple:
     """What identifies a layout in a replay table (DP is derived; uniform recompute ignores N)."""
     uniform = layout.recompute_method == "uniform"
     full = layout.recompute_granularity == "full"
+    offload = bool(layout.optimizer_cpu_offload)
     return (layout.tp, bool(layout.sp and layout.tp > 1), layout.pp, tuple(stage_layer_counts(layout, num_layers)),
             layout.vpp, layout.cp, layout.recompute_granularity, layout.recompute_method if full else None,
-            (0 if uniform else layout.recompute_num_layers) if full else None, bool(layout.optimizer_cpu_offload),
-            layout.max_tokens_per_gpu or None, None if layout.max_tokens_per_gpu else layout.micro_batch_size)
+            (0 if uniform else layout.recompute_num_layers) if full else None, offload,
+            layout.max_tokens_per_gpu or None, None if layout.max_tokens_per_gpu else layout.micro_batch_size,
+            # knobs beyond the seed: the modules recomputed (selective), the offloaded fraction, activation
+            # offload, the virtual stages of a pipeline layout string, MoE and precision settings
+            tuple(sorted(layout.effective_recompute_modules)) if layout.recompute_granularity == "selective" else (),
+            layout.offload_fraction if offload else None, tuple(sorted(layout.offload_modules)),
+            tuple(virtual_stage_counts(layout, num_layers) or ()), layout.ep, layout.etp, layout.moe_dispatcher,
+            layout.moe_grouped_gemm, layout.moe_capacity_factor, layout.precision)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -29,7 +29,7 @@ from attune.runners.base import (FAILED, LOG_FILE, LOG_TAIL_CHARS, OK, OOM, TIME
 from attune.runners.locks import DeviceLock, device_names
 from attune.runners.procs import run_logged
 from attune.runners.torch_spec import encode_spec
-from attune.spec.layout import Workload
+from attune.spec.layout import Layout, Workload
 from attune.spec.placement import stage_layer_counts
 from attune.spec.rules import check
 
@@ -48,9 +48,24 @@ TORCH_CAPABILITIES = Capabilities(
     default_search_space="small", default_trials=3, default_candidates=24, limits_note="PP, DP and recompute only")
 
 
+def _knob_limits(L: Layout, runner: str) -> list[str]:
+    """Issue-15 knobs the torch trainer does not implement, one line each. A per-stage layout string (VPP 1)
+    and core-attention selective recompute run for real: the worker builds its stages from
+    ``stage_layer_counts`` and recomputes the attention core with ``set_recompute``."""
+    out = []
+    extra = [m for m in L.recompute_modules if m != "core_attn"]
+    if extra:
+        out.append(f"{runner} runner: recompute module(s) {', '.join(extra)} are not implemented by the torch trainer "
+                   f"(it recomputes whole layers or the attention core only)")
+    if L.offload_modules:
+        out.append(f"{runner} runner: fine-grained activation offloading is not implemented by the torch trainer "
+                   f"(on CPU workers host memory is device memory, so there is nothing to measure)")
+    return out
+
+
 def torch_check(spec: TrialSpec, runner: str, caps: Capabilities = TORCH_CAPABILITIES) -> list[str]:
     """Why the torch trainer cannot run ``spec`` (its limits, then the layout rules); [] when it can."""
-    reasons = caps.limit_reasons(spec.layout, runner)
+    reasons = caps.limit_reasons(spec.layout, runner) + _knob_limits(spec.layout, runner)
     if reasons:
         return reasons
     errs = check(spec.layout, spec.model, spec.cluster.world_size, spec.workload, spec.engine)

@@ -9,6 +9,7 @@ from dataclasses import fields
 
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec
+from attune.spec.moe import MoESpec
 
 __all__ = ["encode_spec", "decode_spec"]
 
@@ -21,6 +22,7 @@ def encode_spec(model: ModelSpec, layout: Layout, workload: Workload, engine_nam
                 device: str, data_path: str | None, memory_limit_gib: float | None, timeout_s: float | None) -> dict:
     m = _dc_to_dict(model)
     m["layer_types"] = list(m["layer_types"])
+    m["moe"] = _dc_to_dict(model.moe) if model.moe is not None else None  # MoE (issue 14)
     w = _dc_to_dict(workload)
     w["window"] = list(w["window"])
     return {"model": m, "layout": _dc_to_dict(layout), "workload": w, "engine": engine_name, "out_dir": str(out_dir),
@@ -30,6 +32,7 @@ def encode_spec(model: ModelSpec, layout: Layout, workload: Workload, engine_nam
 def decode_spec(cfg: dict) -> tuple[ModelSpec, Layout, Workload]:
     m = dict(cfg["model"])
     m["layer_types"] = tuple(m["layer_types"])
+    m["moe"] = MoESpec(**m["moe"]) if m.get("moe") else None
     w = dict(cfg["workload"])
     w["window"] = tuple(w["window"])
     return ModelSpec(**m), Layout(**cfg["layout"]), Workload(**w)

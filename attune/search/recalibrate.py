@@ -7,9 +7,11 @@ metadata of `attune.estimator.coefficients.Coefficients` fields where present, e
 coefficients that change predicted memory are left to the memory terms.
 
 Memory: measured peaks and real OOMs update an additive offset per stage position (first, middle, last
-pipeline stage; a single stage is both first and last): the offset is the mean of (measured - predicted) over
-the measured stages of that position, shrunk toward 0 (MEMORY_PRIOR_GIB), and raised so that every stage that
-ran out of memory for real is predicted over capacity.
+pipeline stage; a single stage is both first and last): a common offset (the mean of measured - predicted over
+every measured stage, shrunk toward 0 with a prior of MEMORY_PRIOR_FRACTION of capacity) plus a per-position
+deviation (shrunk toward 0 with MEMORY_POSITION_FRACTION), so a position never measured (the middle stages
+after a PP=2 baseline) borrows the common offset; each offset is raised so that every stage that ran out of
+memory for real is predicted over capacity. The posterior spread of each offset is kept for P(fit).
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ FALLBACK_BOUNDS = (("gemm_efficiency", 0.45, 0.90), ("attention_efficiency", 0.2
 PRIOR_WIDTH_FRACTION = 0.25
 # run-to-run noise of a measured throughput, as a log standard deviation (2-5% between runs, issue 11)
 THROUGHPUT_NOISE = 0.03
-# memory: prior standard deviation of a stage-position offset (GiB) and of one measured stage peak (GiB)
-MEMORY_PRIOR_GIB, MEMORY_NOISE_GIB = 2.0, 0.5
+# memory: prior standard deviation of the offset common to every stage, as a fraction of capacity (the
+# calibration's peak-memory MAPE is 4.9%, `attune calibrate` on memory.yaml), of a stage position's deviation from
+# it (first / last stage buffers, 1% of capacity), and of one measured stage peak (allocator noise, GiB)
+MEMORY_PRIOR_FRACTION, MEMORY_POSITION_FRACTION, MEMORY_NOISE_GIB = 0.05, 0.01, 0.5
 # a stage that ran out of memory is put this far over capacity by the offset (GiB)
 OOM_MARGIN_GIB = 0.25
 POSITIONS = ("first", "middle", "last")
@@ -87,6 +91,9 @@ class Calibration:
     """log(fitted / shipped) of each refitted coefficient."""
     memory_offset_gib: dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in POSITIONS})
     """Additive memory offset per stage position (first, middle, last), GiB."""
+    memory_spread_gib: dict[str, float] = field(default_factory=dict)
+    """Standard deviation of a predicted stage peak with the offsets, per stage position, GiB (empty when no
+    peak or OOM was measured: the sampler keeps the shipped model's headroom)."""
     residual_rms: float = 0.0
     """RMS of log(measured / predicted) after the refit, over the completed trials."""
 
@@ -151,30 +158,49 @@ def recalibrate(measurements: list[Measurement], shipped: Coefficients, ctx: tup
                 coef = coef_at(theta)
                 shift = {n: float(v) for (n, _, _), v in zip(names, theta)}
             rms = float(np.sqrt(np.mean((resid(theta)[:len(ok)] * THROUGHPUT_NOISE) ** 2)))
-    return Calibration(coefficients=coef, log_shift=shift, memory_offset_gib=memory_offsets(measurements, ctx, capacity_gib,
-                                                                                          shipped),
+    offset, spread = memory_offsets(measurements, ctx, capacity_gib, shipped)
+    return Calibration(coefficients=coef, log_shift=shift, memory_offset_gib=offset, memory_spread_gib=spread,
                        residual_rms=rms)
 
 
 def memory_offsets(measurements: list[Measurement], ctx: tuple, capacity_gib: float,
-                   coef: Coefficients) -> dict[str, float]:
-    """Per stage position: shrunk mean of measured - predicted peaks, raised to explain every real OOM."""
+                   coef: Coefficients) -> tuple[dict[str, float], dict[str, float]]:
+    """(offset, spread) per stage position, GiB: a common offset (the shrunk mean of measured - predicted over
+    every measured stage) plus a shrunk per-position deviation, raised to explain every real OOM; the spread is
+    the posterior standard deviation of that offset plus MEMORY_NOISE_GIB."""
     model, cluster, workload, engine = ctx
-    sums = {p: 0.0 for p in POSITIONS}
-    counts = {p: 0 for p in POSITIONS}
+    diffs: dict[str, list[float]] = {p: [] for p in POSITIONS}
+    every: list[float] = []
     need = {p: -math.inf for p in POSITIONS}
     for m in measurements:
         if not m.stage_peak_gib and m.oom_stage is None:
             continue
         e = estimate(model, cluster, m.layout, workload, engine, coef, check_layout=False)
         pred = [s.total_gib for s in e.memory.stages]
-        for s, peak in enumerate(m.stage_peak_gib or []):
+        peaks = list(enumerate(m.stage_peak_gib or []))
+        if len(peaks) == 1 and len(pred) > 1:  # one peak for the whole run: that of the predicted fullest stage
+            peaks = [(int(np.argmax(pred)), peaks[0][1])]
+        for s, peak in peaks:
             if s < len(pred) and m.tokens_per_s_per_gpu:
+                every.append(peak - pred[s])
                 for p in stage_positions(s, m.layout.pp):
-                    sums[p] += peak - pred[s]
-                    counts[p] += 1
+                    diffs[p].append(peak - pred[s])
         if m.oom_stage is not None and m.oom_stage < len(pred):
             for p in stage_positions(m.oom_stage, m.layout.pp):
                 need[p] = max(need[p], capacity_gib - pred[m.oom_stage] + OOM_MARGIN_GIB)
-    ratio = (MEMORY_NOISE_GIB / MEMORY_PRIOR_GIB) ** 2
-    return {p: round(max(sums[p] / (counts[p] + ratio), need[p]), 4) for p in POSITIONS}
+    if not every and all(v == -math.inf for v in need.values()):
+        return {p: 0.0 for p in POSITIONS}, {}  # nothing measured: the shipped memory model and its headroom
+    noise2 = MEMORY_NOISE_GIB ** 2
+    prior_all = (MEMORY_PRIOR_FRACTION * capacity_gib) ** 2
+    prior_pos = (MEMORY_POSITION_FRACTION * capacity_gib) ** 2
+    n = len(every)
+    var_all = 1.0 / (1.0 / prior_all + n / noise2)
+    common = var_all * sum(every) / noise2
+    offset, spread = {}, {}
+    for p in POSITIONS:
+        k = len(diffs[p])
+        var_p = 1.0 / (1.0 / prior_pos + k / noise2)
+        dev = var_p * sum(d - common for d in diffs[p]) / noise2
+        offset[p] = round(max(common + dev, need[p]), 4)
+        spread[p] = round(math.sqrt(noise2 + var_all + var_p), 4)
+    return offset, spread

@@ -11,9 +11,14 @@ not RUNNING, queued or already measured in the study (`busy_or_done_keys`) and p
 * spread: the GP's posterior standard deviation: 0 at a measured layout, growing with the knob distance from
   the measured layouts to the prior scale, itself shrunk toward the residuals seen so far
   (`PRIOR_SPREAD` with `PRIOR_WEIGHT` pseudo-observations);
-* probability of fitting in memory: predicted peak plus the recalibrated stage offsets against capacity,
-  with MEMORY_SPREAD_GIB of spread;
-* acquisition: expected improvement over the best measured result, times the probability of fitting.
+* probability of fitting in memory: each stage position's predicted peak plus its recalibrated offset against
+  capacity, with the offset's posterior spread (`Calibration.memory_spread_gib`; MEMORY_SPREAD_GIB when the
+  model is not recalibrated), multiplied over the positions;
+* acquisition: expected improvement over the best measured result, times the probability of fitting;
+* candidates: layouts predicted to fit (under the headroom until a measured peak or OOM calibrates the memory
+  model, then under capacity with P(fit) pricing the risk), not measured or busy, and not a near-duplicate of
+  a measured layout (within NEAR_DUPLICATE knob steps) unless the recalibrated model predicts it better than
+  that layout by more than min_gain.
 
 A runner that is not measured (`sim`: the model is the measurement) has no spread: the sampler proposes the
 model's optimum and the stop rule ends the study once it is measured.
@@ -47,6 +52,14 @@ PRIOR_SPREAD = 0.10
 PRIOR_WEIGHT = 2.0
 # correlation length of the residual GP over knob distance (knob steps, see space.FEATURES)
 KERNEL_LENGTH = 2.0
+# per-knob-step log error of the model (a TP / PP doubling, a recompute unit costing a few percent more or less
+# than modelled: the corpus's per-series throughput MAPE reaches 9.5%, `attune calibrate`), for the linear term of
+# the residual GP, and the prior spread of a level shift common to every layout
+KNOB_EFFECT_SD = 0.0
+LEVEL_SD = 0.05
+# knob distance within which an unmeasured layout is a near-duplicate of a measured one (one knob step: a
+# layer split shifted by up to 4 layers in all, a few recomputed layers, one doubling of the microbatch)
+NEAR_DUPLICATE = 1.0
 # spread of the recalibrated memory prediction, GiB (allocator fragmentation between runs)
 MEMORY_SPREAD_GIB = 1.0
 # layouts re-estimated exactly after a recalibration (the best by the linearised rescoring)
@@ -70,6 +83,11 @@ def busy_or_done_keys(study: optuna.Study) -> set:
     return keys
 
 
+def layout_of(d: dict) -> Layout:
+    """A Layout from its `to_dict()` as stored on a trial (JSON turns tuples into lists)."""
+    return Layout(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
 def measurements_of(study: optuna.Study) -> list[tuple[int, Measurement]]:
     """(trial number, Measurement) of every finished measured trial."""
     out = []
@@ -79,7 +97,7 @@ def measurements_of(study: optuna.Study) -> list[tuple[int, Measurement]]:
         if a.get("role") is None or not a.get("layout"):
             continue
         done = t.state == optuna.trial.TrialState.COMPLETE and t.value
-        out.append((t.number, Measurement(layout=Layout(**a["layout"]),
+        out.append((t.number, Measurement(layout=layout_of(a["layout"]),
                                            tokens_per_s_per_gpu=float(t.value) if done else None,
                                            stage_peak_gib=a.get("measured_peak_gib") if a.get("measured") else None,
                                            oom_stage=a.get("oom_stage") if a.get("outcome") == "oom" else None)))
@@ -179,9 +197,11 @@ class ModelGuidedSampler(BaseSampler):
             return mu
         names = tuple(cal.log_shift)
         theta = np.array([cal.log_shift[n] for n in names])
-        rows = self.table.sensitive_rows(self.usable)
+        rows = self.table.sensitive_rows(self.capacity)
         if len(rows):
-            mu[rows] += self.table.sensitivities(names, rows) @ theta
+            shift = self.table.sensitivities(names, rows) @ theta
+            mu += float(np.median(shift))  # the rest of the space: the typical shift (a level, no re-ranking)
+            mu[rows] += shift - float(np.median(shift))
             top = rows[np.argsort(-mu[rows])[:EXACT_TOP]]
             mu[top] = np.log(self.table.exact_tokens(top, cal.coefficients))
         return mu
@@ -196,10 +216,14 @@ class ModelGuidedSampler(BaseSampler):
         t = self.table
         cal = self._calibrate(meas)
         mu = self._mean_log(cal)
+        mu_model = mu.copy()
         off = np.array([cal.memory_offset_gib[p] for p in POSITIONS])
         peak = np.max(self._pos_gib + off, axis=1)
-        fits = t.host_fits & (peak <= self.usable) & self._scored
-        p_fit = np.where(fits, ndtr((self.capacity - peak) / MEMORY_SPREAD_GIB), 0.0)
+        # once measured peaks calibrate the memory model, its spread (P(fit)) replaces the headroom
+        limit = self.capacity if cal.memory_spread_gib else self.usable
+        fits = t.host_fits & (peak <= limit) & self._scored
+        sd = np.array([cal.memory_spread_gib.get(p, MEMORY_SPREAD_GIB) for p in POSITIONS])
+        p_fit = np.where(fits, np.prod(ndtr((self.capacity - (self._pos_gib + off)) / sd), axis=1), 0.0)
         avail = fits.copy()
         for k in busy:
             r = t.row(k)
@@ -212,6 +236,16 @@ class ModelGuidedSampler(BaseSampler):
         spread = np.zeros(len(t))
         if ok and not self.exact:
             mu, spread = self._posterior(mu, ok, cal)
+        if best is not None and not self.exact:
+            # near-duplicates of a measured layout (within NEAR_DUPLICATE knob steps) are not worth a trial
+            # unless the recalibrated model predicts them better than that layout by more than min_gain: the
+            # run-to-run noise is larger than what separates them
+            L, gain = self.table.context[0].num_layers, math.log1p(self.min_gain)
+            for _, m in meas:
+                r0 = t.row(layout_key(m.layout))
+                ref = mu_model[r0] if r0 is not None and np.isfinite(mu_model[r0]) else -np.inf
+                near = np.abs(t.features - layout_features(m.layout, L)).sum(1) <= NEAR_DUPLICATE
+                avail &= ~(near & (mu_model - ref <= gain))
         if best is None:
             acq = np.where(avail, mu, -np.inf)
             p_imp, gain = 1.0, math.inf
@@ -238,7 +272,9 @@ class ModelGuidedSampler(BaseSampler):
         return self._assessment
 
     def _posterior(self, mu: np.ndarray, ok: list[tuple[int, Measurement]], cal: Calibration):
-        """GP on the residuals log(measured / recalibrated prediction) over knob distance."""
+        """GP on the residuals log(measured / recalibrated prediction): a per-knob linear term (each knob step
+        may cost KNOB_EFFECT_SD more or less than modelled, measured from the first measured layout), a common
+        level (LEVEL_SD), and a local exponential term over knob distance (module docstring)."""
         model, cluster, workload, engine = self.table.context
         L = model.num_layers
         X = np.array([layout_features(m.layout, L) for _, m in ok])
@@ -246,14 +282,18 @@ class ModelGuidedSampler(BaseSampler):
                        .perf.tokens_per_s_per_gpu for _, m in ok])
         r = np.log([m.tokens_per_s_per_gpu for _, m in ok]) - pred
         s2 = (PRIOR_WEIGHT * PRIOR_SPREAD ** 2 + float(np.sum(r ** 2))) / (PRIOR_WEIGHT + len(r))
+        x0 = X[0]
+        Xc, Fc = X - x0, self.table.features - x0
+        lin, lvl = KNOB_EFFECT_SD ** 2, LEVEL_SD ** 2
         dxx = np.abs(X[:, None, :] - X[None, :, :]).sum(-1)
-        K = s2 * np.exp(-dxx / KERNEL_LENGTH) + THROUGHPUT_NOISE ** 2 * np.eye(len(r))
-        Ks = np.empty((len(mu), len(r)))
+        K = s2 * np.exp(-dxx / KERNEL_LENGTH) + lin * (Xc @ Xc.T) + lvl + THROUGHPUT_NOISE ** 2 * np.eye(len(r))
+        Ks = lin * (Fc @ Xc.T) + lvl
         for j in range(len(r)):
-            Ks[:, j] = s2 * np.exp(-np.abs(self.table.features - X[j]).sum(1) / KERNEL_LENGTH)
+            Ks[:, j] += s2 * np.exp(-np.abs(self.table.features - X[j]).sum(1) / KERNEL_LENGTH)
         Kinv = np.linalg.inv(K)
         mean = mu + Ks @ (Kinv @ r)
-        var = s2 - np.einsum("ij,jk,ik->i", Ks, Kinv, Ks)
+        prior = s2 + lin * np.einsum("ij,ij->i", Fc, Fc) + lvl
+        var = prior - np.einsum("ij,jk,ik->i", Ks, Kinv, Ks)
         return mean, np.sqrt(np.maximum(var, 1e-10))
 
     def propose(self, study: optuna.Study) -> int | None:

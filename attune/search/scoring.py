@@ -26,6 +26,7 @@ import numpy as np
 
 from attune.estimator import estimate
 from attune.estimator.memory import estimate_memory
+from attune.estimator.performance import estimate_performance
 from attune.estimator.coefficients import Coefficients
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
@@ -132,14 +133,16 @@ def _score_shard(args) -> list:
     rows = []
     limit = cluster.gpu.capacity_gib * (1.0 + MEMORY_SCORING_MARGIN)
     for order, params, lay in space.enumerate(model, cluster.world_size, workload, engine, shard=shard):
-        mem = estimate_memory(model, cluster, lay, workload, engine, coef, place(model, lay, workload, engine))
+        placement = place(model, lay, workload, engine)
+        mem = estimate_memory(model, cluster, lay, workload, engine, coef, placement)
         stages = tuple(s.total_gib for s in mem.stages)
         if mem.peak_gib > limit or not mem.host_fits:
             rows.append((order, params, lay, math.nan, math.nan, stages, mem.peak_gib, mem.host_fits))
             continue
-        e = estimate(model, cluster, lay, workload, engine, coef, check_layout=False)
-        rows.append((order, params, lay, e.perf.tokens_per_s_per_gpu, e.perf.step_time_s, stages,
-                     e.memory.peak_gib, e.memory.host_fits))
+        # what `estimate` does, without placing and estimating the memory a second time
+        perf = estimate_performance(model, cluster, lay, workload, engine, coef, placement)
+        rows.append((order, params, lay, perf.tokens_per_s_per_gpu, perf.step_time_s, stages,
+                     mem.peak_gib, mem.host_fits))
     return rows
 
 

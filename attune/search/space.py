@@ -23,8 +23,10 @@ from attune.errors import SearchSpaceError
 from attune.spec.engine import Engine
 from attune.spec.layout import Layout, Workload
 from attune.errors import LayoutError
-from attune.spec.rules import check
+from attune.spec.rules import check, layout_string_refusal
 from attune.spec.placement import stage_layer_counts
+from attune.spec.knobs import OFFLOAD_MODULES, RECOMPUTE_MODULES
+from attune.spec.pipeline_layout import layout_string
 from attune.spec.model import ModelSpec
 
 # knob -> kind: "choice" (a list of values) or "int" ({low, high})
@@ -32,15 +34,42 @@ KNOBS = {
     "tp": "choice", "sequence_parallel": "choice", "pp": "choice", "first_offset": "int", "last_offset": "int",
     "vpp": "choice", "cp": "choice", "recompute": "choice", "recompute_method": "choice", "recompute_layers": "int",
     "optimizer_cpu_offload": "choice", "tokens_per_microbatch_rows": "choice",
+    "ep": "choice", "etp": "choice", "dispatcher": "choice",  # MoE (issue 14): expert parallel sizes, dispatcher
+    # issue 15: knobs beyond the seed (module recompute, partial optimizer offload, activation offload,
+    # communication overlap, explicit pipeline layout strings); see KNOB_NOTES
+    "recompute_modules": "choice", "offload_fraction": "choice", "activation_offload": "choice",
+    "comm_overlap": "choice", "stage_layout": "choice",
 }
-FIXED_ONLY = {"precision_aware_optimizer", "distributed_optimizer", "overlap_cpu_optimizer", "offload_fraction"}
+KNOB_NOTES = {
+    "recompute_modules": "selective recompute only: '+'-joined --recompute-modules names (core_attn, core_attn+mlp)",
+    "offload_fraction": "with optimizer_cpu_offload and no recompute (partial offload as the alternative to "
+                        "recompute; otherwise the domain's first value): --optimizer-offload-fraction",
+    "activation_offload": "with no recompute (the alternative to it): 'none' or '+'-joined --offload-modules names",
+    "comm_overlap": "--overlap-grad-reduce and --overlap-param-gather (and --tp-comm-overlap at TP > 1 with SP); "
+                    "expanded only where there is DP x CP or TP communication to overlap",
+    "stage_layout": "'split' (first/last counts, middle stages even) or 'string': the same first/last with the "
+                    "middle remainder spread over the middle stages as --pipeline-model-parallel-layout (PP > 2, "
+                    "VPP 1, first and last at most their even share: the end stages carry the in-flight "
+                    "activations and the logits; only where the split would move the remainder onto the last "
+                    "stage)",
+}
+"""What each issue-15 knob means and where it is expanded."""
+FIXED_ONLY = {"precision_aware_optimizer", "distributed_optimizer", "overlap_cpu_optimizer",
+              "moe_grouped_gemm", "moe_permute_fusion", "moe_shared_expert_overlap"}
 DEFAULTS = {"tp": 1, "sequence_parallel": False, "pp": 1, "first_offset": 0, "last_offset": 0, "vpp": 1, "cp": 1,
             "recompute": "none", "recompute_method": "block", "recompute_layers": 1, "optimizer_cpu_offload": False,
             "tokens_per_microbatch_rows": 1, "precision_aware_optimizer": True, "distributed_optimizer": True,
-            "overlap_cpu_optimizer": True, "offload_fraction": 1.0}
+            "overlap_cpu_optimizer": True, "offload_fraction": 1.0, "ep": 1, "etp": 1, "dispatcher": "alltoall",
+            "moe_grouped_gemm": True, "moe_permute_fusion": True, "moe_shared_expert_overlap": False,
+            "recompute_modules": "core_attn", "activation_offload": "none", "comm_overlap": False,
+            "stage_layout": "split"}
 ALLOWED_VALUES = {"recompute": {"none", "selective", "full"}, "recompute_method": {"block", "uniform"},
-                  "sequence_parallel": {True, False}, "optimizer_cpu_offload": {True, False}}
-POSITIVE_INT = {"tp", "pp", "vpp", "cp", "tokens_per_microbatch_rows"}
+                  "sequence_parallel": {True, False}, "optimizer_cpu_offload": {True, False},
+                  "dispatcher": {"alltoall", "allgather", "flex"}, "comm_overlap": {True, False},
+                  "stage_layout": {"split", "string"}}
+# '+'-joined module lists: each part must be one of these (attune.spec.knobs)
+MODULE_LIST_VALUES = {"recompute_modules": RECOMPUTE_MODULES, "activation_offload": OFFLOAD_MODULES}
+POSITIVE_INT = {"tp", "pp", "vpp", "cp", "tokens_per_microbatch_rows", "ep", "etp"}
 # knob-distance features of a layout (see `layout_features`) and their weights: one unit is "one knob step"
 # (a doubling of TP/PP/VPP/CP/rows, a switch, a recompute kind, 4 layers moved between stages)
 FEATURES = ("log2_tp", "sp", "log2_pp", "first_shift", "last_shift", "log2_vpp", "log2_cp", "selective", "full",
@@ -55,6 +84,7 @@ def layout_key(d: dict | Layout) -> tuple:
     """Identity of a layout (a Layout or its `to_dict()`) for "already measured": uniform recompute in groups
     of N recomputes every layer whatever N, so N does not make a different layout worth another measurement."""
     d = {f: getattr(d, f) for f in _LAYOUT_FIELDS} if isinstance(d, Layout) else dict(d)
+    d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}  # a to_dict() read back from JSON
     if d.get("recompute_method") == "uniform":
         d["recompute_num_layers"] = 0
     return tuple(sorted(d.items()))
@@ -142,27 +172,39 @@ class SearchSpace:
                 continue
             sps = [s for s in self.domain("sequence_parallel") if not s] or self.domain("sequence_parallel")[:1] \
                 if tp == 1 else self.domain("sequence_parallel")
-            splits: dict[tuple, tuple[int, int]] = {}
+            splits: dict[tuple, tuple[int, int, str]] = {}
             fos = self.domain("first_offset") if pp > 1 else [near0("first_offset")]
             los = self.domain("last_offset") if pp > 2 else [near0("last_offset")]
+            stage_layouts = self.domain("stage_layout")
+            if layout_string_refusal(model, engine):  # the engine refuses layout strings for this model
+                stage_layouts = [x for x in stage_layouts if x != "string"] or stage_layouts
             for fo, lo in itertools.product(fos, los):
                 if pp > 1:
                     even = L // pp
                     first = even + fo
                     last = L - first if pp == 2 else even + lo
+                    if "string" in stage_layouts and pp > 2 and fo <= 0 and lo <= 0 and first >= 1 and last >= 1:
+                        sc = _string_counts(L, pp, first, last)
+                        if sc is not None:  # issue 15: the middle remainder spread instead of moved onto the last stage
+                            splits.setdefault(("string",) + tuple(sc), (fo, lo, "string"))
                     if pp > 2 and L - first - last > 0:
                         last += (L - first - last) % (pp - 2)
                     if first < 1 or last < 1 or L - first - last < pp - 2:
                         continue
-                    splits.setdefault((first, last), (fo, lo))
+                    splits.setdefault((first, last), (fo, lo, stage_layouts[0] if "split" not in stage_layouts else "split"))
                 else:
-                    splits.setdefault((0, 0), (fo, lo))
-            for (fo, lo), vpp in itertools.product(splits.values(), self.domain("vpp")):
+                    splits.setdefault((0, 0), (fo, lo, self.domain("stage_layout")[0]))
+            for (fo, lo, sl), vpp in itertools.product(splits.values(), self.domain("vpp")):
+                if sl == "string" and vpp > 1:
+                    continue
                 probe_first = L // pp + fo if pp > 1 else None
                 try:
-                    probe = Layout(tp=tp, pp=pp, cp=cp, dp=world_size // (tp * pp * cp), vpp=vpp, first=probe_first,
-                                   last=None if pp == 1 else (L - probe_first if pp == 2 else L // pp + lo))
-                    counts = stage_layer_counts(probe, L)
+                    if sl == "string":
+                        counts = _string_counts(L, pp, probe_first, L // pp + lo)
+                    else:
+                        probe = Layout(tp=tp, pp=pp, cp=cp, dp=world_size // (tp * pp * cp), vpp=vpp, first=probe_first,
+                                       last=None if pp == 1 else (L - probe_first if pp == 2 else L // pp + lo))
+                        counts = stage_layer_counts(probe, L)
                 except (LayoutError, ValueError):
                     counts = None
                 recs = []
@@ -176,20 +218,33 @@ class SearchSpace:
                         else:
                             top = max(counts) // vpp if counts else max(self.domain("recompute_layers"))
                             recs += [(rec, rm, n) for n in self.domain("recompute_layers") if n <= max(top, 1)]
-                for sp, (rec, rm, rl), off, rows in itertools.product(
-                        sps, recs, self.domain("optimizer_cpu_offload"), self.domain("tokens_per_microbatch_rows")):
-                    counter += 1
-                    if counter % n_shards != k_shard:
-                        continue
-                    params = {"tp": tp, "sequence_parallel": sp, "pp": pp, "first_offset": fo, "last_offset": lo,
-                              "vpp": vpp, "cp": cp, "recompute": rec, "recompute_method": rm, "recompute_layers": rl,
-                              "optimizer_cpu_offload": off, "tokens_per_microbatch_rows": rows}
-                    params = {k: v for k, v in params.items() if k in self.knobs}
-                    try:
-                        lay = self.to_layout(params, model, world_size, workload, engine)
-                    except LayoutError:
-                        continue
-                    out.setdefault(layout_key(lay), (counter, params, lay))
+                moe = ([(ep, etp, dsp) for ep, etp, dsp in itertools.product(
+                    self.domain("ep"), self.domain("etp"), self.domain("dispatcher"))
+                    if (tp * cp * (world_size // (tp * pp * cp))) % (ep * etp) == 0]
+                    if model.moe is not None else [(1, 1, self.domain("dispatcher")[0])])
+                dp_comm = world_size // (tp * pp * cp) * cp > 1
+                for sp, (rec, rm, rl), off, rows, (ep, etp, dsp) in itertools.product(
+                        sps, recs, self.domain("optimizer_cpu_offload"), self.domain("tokens_per_microbatch_rows"), moe):
+                    # issue 15 knobs, expanded only where they can change the layout (KNOB_NOTES)
+                    for mods, act, frac, ovl in itertools.product(
+                            self.domain("recompute_modules") if rec == "selective" else self.domain("recompute_modules")[:1],
+                            self.domain("activation_offload") if rec == "none" else self.domain("activation_offload")[:1],
+                            self.domain("offload_fraction") if off and rec == "none" else self.domain("offload_fraction")[:1],
+                            self.domain("comm_overlap") if (dp_comm or (tp > 1 and sp)) else self.domain("comm_overlap")[:1]):
+                        counter += 1
+                        if counter % n_shards != k_shard:
+                            continue
+                        params = {"tp": tp, "sequence_parallel": sp, "pp": pp, "first_offset": fo, "last_offset": lo,
+                                  "vpp": vpp, "cp": cp, "recompute": rec, "recompute_method": rm, "recompute_layers": rl,
+                                  "optimizer_cpu_offload": off, "tokens_per_microbatch_rows": rows, "ep": ep, "etp": etp,
+                                  "dispatcher": dsp, "recompute_modules": mods, "activation_offload": act,
+                                  "offload_fraction": frac, "comm_overlap": ovl, "stage_layout": sl}
+                        params = {k: v for k, v in params.items() if k in self.knobs}
+                        try:
+                            lay = self.to_layout(params, model, world_size, workload, engine)
+                        except LayoutError:
+                            continue
+                        out.setdefault(layout_key(lay), (counter, params, lay))
         if shard is None:
             return [(p, lay) for _, p, lay in sorted(out.values(), key=lambda x: x[0])]
         return list(out.values())
@@ -208,7 +263,15 @@ class SearchSpace:
             raise LayoutError(f"TP {tp} x PP {pp} x CP {cp} = {mp} does not divide the {world_size} GPUs")
         L = model.num_layers
         first = last = None
-        if pp > 1:
+        pipeline_layout = None
+        if pp > 2 and g("stage_layout") == "string":
+            even = L // pp
+            sc = _string_counts(L, pp, even + int(g("first_offset")), even + int(g("last_offset")))
+            if sc is None or vpp > 1:
+                raise LayoutError("stage_layout 'string' needs PP > 2, VPP 1 and a middle remainder to spread "
+                                  "(else it is the 'split' layout)")
+            pipeline_layout = layout_string(sc)
+        elif pp > 1:
             even = L // pp
             first = even + int(g("first_offset"))
             if pp == 2:
@@ -223,7 +286,8 @@ class SearchSpace:
         offload = bool(g("optimizer_cpu_offload"))
         rec = g("recompute")
         method = n = None
-        probe = Layout(tp=tp, pp=pp, cp=cp, dp=world_size // mp, vpp=vpp, first=first, last=last)
+        probe = Layout(tp=tp, pp=pp, cp=cp, dp=world_size // mp, vpp=vpp, first=first, last=last,
+                       pipeline_layout=pipeline_layout)
         counts = stage_layer_counts(probe, L)
         if any(c % vpp for c in counts):
             raise LayoutError(f"VPP {vpp} must divide every stage's layers ({'/'.join(map(str, counts))})")
@@ -246,19 +310,42 @@ class SearchSpace:
             recompute_granularity=rec, recompute_method=method, recompute_num_layers=n,
             distributed_optimizer=bool(g("distributed_optimizer")) or engine.forces_distributed_optimizer,
             precision_aware_optimizer=bool(g("precision_aware_optimizer")) or offload,
-            optimizer_cpu_offload=offload, offload_fraction=float(g("offload_fraction")),
+            optimizer_cpu_offload=offload, offload_fraction=float(g("offload_fraction")) if offload else 1.0,
             overlap_cpu_optimizer=bool(g("overlap_cpu_optimizer")) and offload,
+            **self._moe_fields(g, model), **self._knob_fields(g, tp, rec, offload, pipeline_layout),
         )
         errs = check(lay, model, world_size, workload, engine)
         if errs:
             raise LayoutError("; ".join(errs))
         return lay
 
+    @staticmethod
+    def _knob_fields(g, tp: int, rec: str, offload: bool, pipeline_layout: str | None) -> dict:
+        """The issue-15 Layout fields of a parameter set (module recompute, activation offload, overlap)."""
+        mods = _modules(g("recompute_modules")) if rec == "selective" else ()
+        overlap = bool(g("comm_overlap"))
+        sp = bool(g("sequence_parallel")) and tp > 1
+        return {"recompute_modules": () if mods == ("core_attn",) else mods,
+                "offload_modules": _modules(g("activation_offload")) if rec != "full" else (),
+                "overlap_grad_reduce": overlap, "overlap_param_gather": overlap,
+                "tp_comm_overlap": overlap and sp, "pipeline_layout": pipeline_layout}
+
+    @staticmethod
+    def _moe_fields(g, model: ModelSpec) -> dict:
+        """The MoE Layout fields of a parameter set (none for a dense model: EP and ETP stay 1)."""
+        if model.moe is None:
+            return {}
+        return {"ep": int(g("ep")), "etp": int(g("etp")), "moe_dispatcher": g("dispatcher"),
+                "moe_grouped_gemm": bool(g("moe_grouped_gemm")), "moe_permute_fusion": bool(g("moe_permute_fusion")),
+                "moe_shared_expert_overlap": bool(g("moe_shared_expert_overlap")) and model.moe.shared_ffn > 0}
+
     def params_for(self, layout: Layout, model: ModelSpec, workload: Workload) -> dict | None:
         """The parameters that map to `layout`, or None when this space cannot express it."""
         L = model.num_layers
         want = {"tp": layout.tp, "sequence_parallel": layout.sp, "pp": layout.pp, "vpp": layout.vpp, "cp": layout.cp,
                 "recompute": layout.recompute_granularity, "optimizer_cpu_offload": layout.optimizer_cpu_offload}
+        if model.moe is not None:
+            want.update(ep=layout.ep, etp=layout.etp, dispatcher=layout.moe_dispatcher or "allgather")
         if layout.pp > 1:
             counts = stage_layer_counts(layout, L)
             even = L // layout.pp
@@ -266,6 +353,18 @@ class SearchSpace:
             want["last_offset"] = counts[-1] - even if layout.pp > 2 else 0
         else:
             want["first_offset"] = want["last_offset"] = 0
+        # issue 15 knobs
+        want["stage_layout"] = "string" if layout.pipeline_layout is not None else "split"
+        if layout.pipeline_layout is not None and (layout.pp < 3 or _string_counts(
+                L, layout.pp, counts[0], counts[-1]) != counts):
+            return None  # a layout string the 'string' knob does not generate
+        if layout.account_for_embedding or layout.account_for_loss:
+            return None
+        want["recompute_modules"] = "+".join(layout.effective_recompute_modules) or DEFAULTS["recompute_modules"]
+        want["activation_offload"] = "+".join(layout.offload_modules) or "none"
+        want["offload_fraction"] = layout.offload_fraction if layout.optimizer_cpu_offload else self.domain(
+            "offload_fraction")[0]
+        want["comm_overlap"] = bool(layout.overlap_grad_reduce)
         if layout.recompute_granularity == "full":
             want["recompute_method"] = layout.recompute_method
             want["recompute_layers"] = layout.recompute_num_layers
@@ -297,7 +396,29 @@ class SearchSpace:
             elif k in self.fixed and self.fixed[k] != v and not (k in ("recompute_method", "recompute_layers")
                                                                  and layout.recompute_granularity != "full"):
                 return None
+            elif k in _ISSUE15_KNOBS and k not in self.fixed and v != self.domain(k)[0] and not (
+                    k == "offload_fraction" and not layout.optimizer_cpu_offload):
+                return None  # a knob this space does not search, away from its default
         return params
+
+
+_ISSUE15_KNOBS = ("recompute_modules", "activation_offload", "offload_fraction", "comm_overlap", "stage_layout")
+
+
+def _modules(value: str) -> tuple[str, ...]:
+    """A '+'-joined module list knob value as a tuple ('none': ())."""
+    return () if value in ("none", "") else tuple(str(value).split("+"))
+
+
+def _string_counts(L: int, pp: int, first: int, last: int) -> list[int] | None:
+    """Per-stage layers with the middle remainder spread over the first middle stages (the 'string' stage
+    layout), or None when there is no remainder (the 'split' layout is the same) or a stage would be empty."""
+    n_mid = pp - 2
+    rest = L - first - last
+    if n_mid < 1 or first < 1 or last < 1 or rest < n_mid or rest % n_mid == 0:
+        return None
+    base, extra = divmod(rest, n_mid)
+    return [first] + [base + 1] * extra + [base] * (n_mid - extra) + [last]
 
 
 # the bundled space used when none is given
@@ -374,6 +495,14 @@ def load_space(path: str | Path | None = None) -> SearchSpace:
 
 
 def _check_value(p, where, k, x):
+    if k in MODULE_LIST_VALUES:
+        parts = [] if x == "none" and k == "activation_offload" else str(x).split("+")
+        bad = [m for m in parts if m not in MODULE_LIST_VALUES[k]]
+        if not isinstance(x, str) or bad or (k == "recompute_modules" and not parts):
+            raise SearchSpaceError(f"{p}: {where}: {x!r} not allowed; allowed: '+'-joined names of "
+                                   f"{', '.join(MODULE_LIST_VALUES[k])}{' or none' if k == 'activation_offload' else ''}")
+    if k == "offload_fraction" and not (isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x <= 1):
+        raise SearchSpaceError(f"{p}: {where}: {x!r} must be a fraction in (0, 1]")
     if k in ALLOWED_VALUES and x not in ALLOWED_VALUES[k]:
         raise SearchSpaceError(f"{p}: {where}: {x!r} not allowed; allowed: {sorted(map(str, ALLOWED_VALUES[k]))}")
     if k in POSITIVE_INT and not (isinstance(x, int) and not isinstance(x, bool) and x >= 1):

@@ -66,7 +66,10 @@ log = logging.getLogger(__name__)
 INVALID_PENALTY = 1000.0
 # TPE proposals before the multivariate sampler starts modelling (Optuna's n_startup_trials)
 TPE_STARTUP_TRIALS = 16
-# measurement slots in a row without a candidate worth measuring before the study stops
+# TPE: proposals in a row without a candidate worth measuring before the study stops, counted in proposals (not
+# rounds) so a small --candidates does not end a study early in a large space where most proposals do not fit;
+# at least 3 rounds
+DRY_PROPOSALS = 256
 DRY_ROUNDS = 3
 # the number of measured attempts (failures included) is capped at this many per requested trial, plus 2
 ATTEMPTS_PER_TRIAL = 2
@@ -616,9 +619,10 @@ class Tuner:
                 chosen = self.pick_tpe(self.propose(best_pred))
                 if chosen is None:
                     dry += 1
-                    if dry >= DRY_ROUNDS:
+                    if dry >= max(DRY_ROUNDS, math.ceil(DRY_PROPOSALS / cfg.candidates)):
                         stop_kind = "exhausted"
-                        stopped = f"TPE proposed no new layout predicted to fit in {DRY_ROUNDS} rounds of proposals"
+                        stopped = (f"TPE proposed no new layout predicted to fit in {dry} rounds "
+                                   f"({dry * cfg.candidates} proposals)")
                         break
                     continue
             dry = 0

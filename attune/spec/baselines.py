@@ -33,7 +33,7 @@ def baseline_layout(model: ModelSpec, cluster: Cluster, workload: Workload, engi
     """The model's baseline layout adapted to the cluster, and a note saying what was adapted.
 
     Adaptation, in order, until the layout is valid: CP down to 1 (the seed ran slime's CP 4 as CP 1 on one
-    node), then TP halved, then PP halved. Rows per microbatch never exceed one row when the baseline asks for
+    node), then EP halved while EP x ETP does not divide a stage's GPUs (MoE), then TP halved, then PP halved. Rows per microbatch never exceed one row when the baseline asks for
     more tokens per GPU than a row holds.
     """
     entry = baseline_entry(model.name)
@@ -63,6 +63,9 @@ def baseline_layout(model: ModelSpec, cluster: Cluster, workload: Workload, engi
         if lay.cp > 1:
             notes.append(f"CP {lay.cp} -> 1 for {cluster.spec}")
             lay = replace(lay, cp=1)
+        elif lay.ep > 1 and (world // lay.pp) % (lay.ep * lay.etp):  # MoE: EP x ETP within a stage's GPUs
+            notes.append(f"EP {lay.ep} -> {lay.ep // 2} for {cluster.spec}")
+            lay = replace(lay, ep=lay.ep // 2)
         elif lay.tp > 1:
             notes.append(f"TP {lay.tp} -> {lay.tp // 2} for {cluster.spec}")
             lay = replace(lay, tp=lay.tp // 2, sp=lay.sp and lay.tp // 2 > 1)

@@ -33,6 +33,7 @@ from attune.errors import FlagError, LayoutError
 from .engine import Engine
 from .layout import Layout, Workload
 from .model import ModelSpec
+from .pipeline_layout import expand
 from .placement import stage_layer_counts
 from .rules import derive_dp
 
@@ -54,6 +55,11 @@ EMITS = ("changed", "always", "never")
 DYNAMIC_BATCHING = "--use-dynamic-batch-size"
 LAYERS_PER_VIRTUAL_STAGE = "--num-layers-per-virtual-pipeline-stage"
 MICRO_BATCH = "--micro-batch-size"
+# Issue 15: the activation-offloading switch is written / read from layout.offload_modules (non-empty: on),
+# and an explicit pipeline layout string sets VPP itself (Megatron refuses both flags together).
+FINE_GRAINED_OFFLOAD = "--fine-grained-activation-offloading"
+PIPELINE_LAYOUT = "--pipeline-model-parallel-layout"
+VIRTUAL_STAGES = "--num-virtual-stages-per-pipeline-rank"
 
 _ENTRY_KEYS = {"arity", "type", "nargs", "choices", "default", "unset", "owner", "field", "sets", "fixed", "emit",
                "only_with", "recipe", "recipe_optional", "class", "requires", "note", "no_effect"}
@@ -355,7 +361,7 @@ WORKLOAD_FLAGS: Mapping[str, tuple[str, str]] = _field_view("workload")
 """flag -> (Workload field, kind) for the flags that set one Workload field."""
 SPECIAL_FLAGS: frozenset[str] = frozenset(
     s.name for s in flag_table().values() if s.sets is not None or s.fixed is not None) | {
-    DYNAMIC_BATCHING, LAYERS_PER_VIRTUAL_STAGE}
+    DYNAMIC_BATCHING, LAYERS_PER_VIRTUAL_STAGE, FINE_GRAINED_OFFLOAD}
 """Flags from_flags reads without a one-field mapping (constants, fixed values, dynamic batching, VPP)."""
 
 
@@ -397,14 +403,27 @@ def from_flags(argv: list[str] | str, model: ModelSpec, world_size: int, base: W
         if spec.arity == "switch" and spec.sets is None:
             targets[owner][name] = spec.dest in given
         elif spec.dest in given:
-            targets[owner][name] = given[spec.dest]
+            targets[owner][name] = tuple(given[spec.dest]) if spec.arity == "values" else given[spec.dest]
     lay, wl = targets["layout"], targets["workload"]
+    if FINE_GRAINED_OFFLOAD not in given:
+        lay.pop("offload_modules", None)
+    if lay.get("pipeline_layout") is not None:
+        n_stages = len(expand(lay["pipeline_layout"]))
+        pp_given = lay.get("pp", 1)
+        if VIRTUAL_STAGES in given and given[VIRTUAL_STAGES] * pp_given != n_stages:
+            raise LayoutError(f"{PIPELINE_LAYOUT} has {n_stages} stages but PP {pp_given} x "
+                              f"{VIRTUAL_STAGES} {given[VIRTUAL_STAGES]} = {pp_given * given[VIRTUAL_STAGES]}")
+        if n_stages % pp_given:
+            raise LayoutError(f"{PIPELINE_LAYOUT} has {n_stages} stages, not a multiple of PP {pp_given}")
+        lay["vpp"] = n_stages // pp_given
     dynamic = DYNAMIC_BATCHING in given
     if dynamic and "max_tokens_per_gpu" not in lay:
         raise LayoutError(f"{DYNAMIC_BATCHING} needs --max-tokens-per-gpu")
     if not dynamic:
         lay.pop("max_tokens_per_gpu", None)
     tp, pp, cp = lay.get("tp", 1), lay.get("pp", 1), lay.get("cp", 1)
+    if "etp" not in lay and lay.get("ep", 1) > 1:
+        lay["etp"] = tp  # Megatron validate_args: an absent --expert-tensor-parallel-size is the TP size
     lay["dp"] = derive_dp(world_size, tp, pp, cp)
     layers_per_vstage = given.get(LAYERS_PER_VIRTUAL_STAGE)
     if layers_per_vstage is not None:
@@ -427,6 +446,11 @@ def to_flags(layout: Layout, workload: Workload | None = None, engine: Engine | 
 
     def write(spec: FlagSpec, value: Any = None) -> None:
         out.append(spec.name)
+        if spec.arity == "values":
+            words = [format_value(v) for v in value]
+            out.extend(words)
+            written[spec.name] = " ".join(words)
+            return
         text = None if spec.arity == "switch" else format_value(value)
         if text is not None:
             out.append(text)
@@ -444,6 +468,18 @@ def to_flags(layout: Layout, workload: Workload | None = None, engine: Engine | 
                 write(spec)
             continue
         if spec.name == MICRO_BATCH and dynamic:
+            continue
+        if spec.name == VIRTUAL_STAGES and layout.pipeline_layout is not None:
+            continue
+        if spec.name == FINE_GRAINED_OFFLOAD:
+            if layout.offload_modules:
+                write(spec)
+            continue
+        if spec.arity == "values" and spec.target is not None and objects[spec.target[0]] is not None:
+            if spec.only_with is None or condition_holds(spec.only_with):
+                value = getattr(objects[spec.target[0]], spec.target[1])
+                if value:
+                    write(spec, value)
             continue
         if spec.only_with is not None and not condition_holds(spec.only_with):
             continue

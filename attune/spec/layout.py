@@ -7,7 +7,8 @@ Megatron-LM / slime flags in and out in ``attune.spec.flags``.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+import zlib
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Literal
 
 from attune.errors import LayoutError
@@ -19,6 +20,7 @@ Precision = Literal["bf16", "fp16"]
 GRANULARITIES = ("none", "selective", "full")
 RECOMPUTE_METHODS = ("block", "uniform")
 PRECISIONS = ("bf16", "fp16")
+MOE_DISPATCHERS = ("alltoall", "allgather", "flex")  # Megatron-LM _add_moe_args --moe-token-dispatcher-type choices
 
 
 def _positive(owner: str, **values) -> None:
@@ -97,7 +99,22 @@ class Layout:
     cp: int = 1
     """Context-parallel size (``--context-parallel-size``)."""
     ep: int = 1
-    """Expert-parallel size; 1 for the dense models attune models today."""
+    """Expert-parallel size (``--expert-model-parallel-size``): routed experts split over EP ranks; MoE only."""
+    etp: int = 1
+    """Expert tensor-parallel size (``--expert-tensor-parallel-size``): each expert's matrices split over ETP
+    ranks. Expert data parallelism is derived as Megatron does: world / (PP x EP x ETP)."""
+    moe_dispatcher: str | None = None
+    """MoE token dispatcher (``--moe-token-dispatcher-type``): alltoall, allgather or flex (DeepEP); None:
+    the flag is absent (Megatron's default allgather) or the model is dense."""
+    moe_grouped_gemm: bool = False
+    """All local experts in one grouped GEMM (``--moe-grouped-gemm``) instead of a loop of per-expert GEMMs."""
+    moe_permute_fusion: bool = False
+    """Fused token permutation / unpermutation kernels (``--moe-permute-fusion``)."""
+    moe_shared_expert_overlap: bool = False
+    """The shared expert runs under the dispatch / combine all-to-all (``--moe-shared-expert-overlap``)."""
+    moe_capacity_factor: float | None = None
+    """Token dropping: each expert takes at most capacity x tokens x top-k / experts tokens
+    (``--moe-expert-capacity-factor``); None: dropless."""
     sp: bool = False
     """Sequence parallelism (``--sequence-parallel``); needs TP > 1."""
     first: int | None = None
@@ -137,9 +154,27 @@ class Layout:
     tp_comm_overlap: bool = False
     """TE userbuffers: TP all-gathers / reduce-scatters pipelined with their GEMMs (``--tp-comm-overlap``;
     needs SP)."""
+    # ---- knobs beyond the seed (issue 15): pipeline layout strings, module recompute, activation offload
+    pipeline_layout: str | None = None
+    """Megatron's explicit per-stage layout (``--pipeline-model-parallel-layout``: ``E``, ``t``, ``L``, ``|``;
+    see ``attune.spec.pipeline_layout``); None: the first/last/even split."""
+    account_for_embedding: bool = False
+    """Count the input embedding as one layer of the even split (``--account-for-embedding-in-pipeline-split``)."""
+    account_for_loss: bool = False
+    """Count the output layer and loss as one layer of the even split (``--account-for-loss-in-pipeline-split``)."""
+    recompute_modules: tuple[str, ...] = ()
+    """Selective recompute only: the modules recomputed (``--recompute-modules``); (): Megatron's default
+    (core_attn)."""
+    offload_modules: tuple[str, ...] = ()
+    """Fine-grained activation offloading: modules whose inputs go to host memory in forward
+    (``--fine-grained-activation-offloading --offload-modules``); (): off."""
 
     def __post_init__(self) -> None:
-        _positive("layout", tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep, vpp=self.vpp,
+        for f in fields(self):  # module lists read back from JSON/YAML (a study's attrs, a recipe) become tuples
+            v = getattr(self, f.name)
+            if isinstance(v, list):
+                object.__setattr__(self, f.name, tuple(v))
+        _positive("layout", tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep, etp=self.etp, vpp=self.vpp,
                   micro_batch_size=self.micro_batch_size, max_tokens_per_gpu=self.max_tokens_per_gpu)
         for name in ("first", "last", "recompute_num_layers"):
             v = getattr(self, name)
@@ -153,6 +188,27 @@ class Layout:
             raise LayoutError(f"precision '{self.precision}'; allowed: {', '.join(PRECISIONS)}")
         if not 0.0 < self.offload_fraction <= 1.0:
             raise LayoutError(f"offload fraction {self.offload_fraction} must be in (0, 1]")
+        if self.moe_dispatcher is not None and self.moe_dispatcher not in MOE_DISPATCHERS:
+            raise LayoutError(f"MoE token dispatcher '{self.moe_dispatcher}'; allowed: {', '.join(MOE_DISPATCHERS)}")
+        if self.moe_capacity_factor is not None and not self.moe_capacity_factor > 0:
+            raise LayoutError(f"MoE capacity factor {self.moe_capacity_factor} must be > 0 (or absent: dropless)")
+        for name in ("recompute_modules", "offload_modules"):
+            v = getattr(self, name)
+            if isinstance(v, list):  # read back from JSON / YAML
+                v = tuple(v)
+                object.__setattr__(self, name, v)
+            if not isinstance(v, tuple) or not all(isinstance(x, str) and x for x in v):
+                raise LayoutError(f"layout.{name} must be a tuple of module names (got {v!r})")
+        if self.pipeline_layout is not None and (not isinstance(self.pipeline_layout, str) or not self.pipeline_layout):
+            raise LayoutError(f"layout.pipeline_layout must be a non-empty string or None (got {self.pipeline_layout!r})")
+
+    @property
+    def effective_recompute_modules(self) -> tuple[str, ...]:
+        """Modules selective recompute recomputes (Megatron's default core_attn when none are named); ()
+        without selective recompute."""
+        if self.recompute_granularity != "selective":
+            return ()
+        return self.recompute_modules or ("core_attn",)
 
     @property
     def world_size(self) -> int:
@@ -169,10 +225,19 @@ class Layout:
         if self.cp > 1:
             parts.append(f"CP{self.cp}")
         parts.append(f"DP{self.dp}")
+        if self.ep > 1 or self.etp > 1:
+            parts.append(f"EP{self.ep}" + (f" ETP{self.etp}" if self.etp > 1 else "")
+                         + {"alltoall": " a2a", "allgather": " ag", "flex": " flex"}.get(self.moe_dispatcher or "", ""))
         if self.recompute_granularity == "full":
             parts.append(f"R{(self.recompute_method or '?')[0]}{self.recompute_num_layers}")
         elif self.recompute_granularity == "selective":
-            parts.append("Rsel")
+            parts.append("Rsel" + (f"[{','.join(self.recompute_modules)}]" if self.recompute_modules else ""))
+        if self.pipeline_layout is not None:
+            parts.append(f"layout={self.pipeline_layout}")
+        elif self.account_for_embedding or self.account_for_loss:
+            parts.append("acc" + ("E" if self.account_for_embedding else "") + ("L" if self.account_for_loss else ""))
+        if self.offload_modules:
+            parts.append(f"actoff[{','.join(self.offload_modules)}]")
         if self.optimizer_cpu_offload:
             parts.append(f"off{self.offload_fraction:g}")
         if self.max_tokens_per_gpu:
@@ -190,10 +255,20 @@ class Layout:
             s += f"-vpp{self.vpp}"
         if self.cp > 1:
             s += f"-cp{self.cp}"
+        if self.ep > 1:
+            s += f"-ep{self.ep}"
+        if self.etp > 1:
+            s += f"-etp{self.etp}"
         if self.recompute_granularity == "full":
             s += f"-r{(self.recompute_method or '?')[0]}{self.recompute_num_layers}"
         elif self.recompute_granularity == "selective":
-            s += "-rsel"
+            s += "-rsel" + "".join(f"-{m.replace('_', '')}" for m in self.recompute_modules)
+        if self.pipeline_layout is not None:
+            s += f"-pl{zlib.crc32(self.pipeline_layout.encode()):08x}"
+        elif self.account_for_embedding or self.account_for_loss:
+            s += "-acc" + ("e" if self.account_for_embedding else "") + ("l" if self.account_for_loss else "")
+        if self.offload_modules:
+            s += "-actoff"
         if self.optimizer_cpu_offload:
             s += "-offload"
         return s

@@ -11,6 +11,10 @@ Four families are understood:
   without gating (``hidden_act: relu2``), LayerNorm1p (LayerNorm with zero-centred gamma: the same two
   vectors per norm as LayerNorm), GQA, rotary on part of the head, no biases, untied output layer.
 
+Mixture-of-experts configs (``qwen3_moe``, ``qwen3_next``, ``qwen3_5_moe``, ``mixtral``) build one of the
+families above with ``moe`` set (``attune.spec.moe.MoESpec``): ``ffn`` is then the shared expert's width (0
+for none) and each layer's routed experts are ``LayerParams.expert_matrix``.
+
 ``from_geometry`` builds a spec from the bare geometry a published run states (layers, hidden, ffn,
 heads, kv_heads, vocab, mlp).
 
@@ -25,6 +29,7 @@ from __future__ import annotations
 import functools
 
 from attune.errors import ModelError
+from attune.spec.moe import HF_MOE_TYPES, MoESpec, moe_from_hf
 
 import json
 from dataclasses import dataclass, field
@@ -54,14 +59,17 @@ class LayerParams:
     mixer_matrix: int  # attention or GDN weights (2-D / conv), shardable by TP in Megatron
     mlp_matrix: int  # MLP weights
     vectors: int  # norms, biases, gates' 1-D params (replicated across TP)
+    expert_matrix: int = 0  # MoE: all routed experts' weights (sharded by EP x ETP, not in ``matrix``)
+    active_expert_matrix: int = 0  # MoE: the top-k routed experts one token passes through
 
     @property
     def matrix(self) -> int:
+        """The dense matrices (TP-sharded): mixer and MLP (for MoE: router, shared expert and its gate)."""
         return self.mixer_matrix + self.mlp_matrix
 
     @property
     def total(self) -> int:
-        return self.matrix + self.vectors
+        return self.matrix + self.expert_matrix + self.vectors
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,7 @@ class ModelSpec:
     lin_k_dim: int = 0
     lin_v_dim: int = 0
     conv_kernel: int = 0
+    moe: MoESpec | None = None  # mixture-of-experts layers (attune.spec.moe); None: dense
     source: str = ""
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
@@ -103,7 +112,9 @@ class ModelSpec:
             raise ModelError(f"{self.name}: norm '{self.norm}' is not modelled; allowed: {', '.join(NORMS)}")
         if self.positions not in POSITIONS:
             raise ModelError(f"{self.name}: positions '{self.positions}' not modelled; allowed: {', '.join(POSITIONS)}")
-        for k in ("num_layers", "hidden", "ffn", "heads", "kv_heads", "head_dim"):
+        if self.ffn < (0 if self.moe is not None else 1):  # MoE: ffn is the shared expert's width, 0 for none
+            raise ModelError(f"{self.name}: ffn must be >= 1 (got {self.ffn})")
+        for k in ("num_layers", "hidden", "heads", "kv_heads", "head_dim"):
             if getattr(self, k) < 1:
                 raise ModelError(f"{self.name}: {k} must be >= 1 (got {getattr(self, k)})")
         if self.vocab < 0:
@@ -173,7 +184,8 @@ class ModelSpec:
             vec += q_out + 2 * self.kv_dim + h
         elif self.attn_bias:
             vec += q_out + 2 * self.kv_dim
-        return LayerParams(mixer, self.mlp_params(), vec + self.mlp_vectors() + self.layer_norm_vectors())
+        return LayerParams(mixer, self.mlp_params(), vec + self.mlp_vectors() + self.layer_norm_vectors(),
+                           *self._expert_params())
 
     def gdn_layer(self) -> LayerParams:
         h = self.hidden
@@ -181,13 +193,24 @@ class ModelSpec:
         conv = self.lin_conv_dim * self.conv_kernel  # depthwise conv1d, no bias
         out = self.lin_value_dim * h
         vec = 2 * self.lin_v_heads + self.lin_v_dim  # dt_bias, A_log, gated-norm weight
-        return LayerParams(in_proj + conv + out, self.mlp_params(), vec + self.layer_norm_vectors())
+        return LayerParams(in_proj + conv + out, self.mlp_params(), vec + self.layer_norm_vectors(),
+                           *self._expert_params())
+
+    def _expert_params(self) -> tuple[int, int]:
+        """(all routed experts, the top-k a token uses) of one layer; (0, 0) for dense models."""
+        if self.moe is None:
+            return 0, 0
+        return self.moe.routed_params(self.hidden), self.moe.active_routed_params(self.hidden)
 
     def layer(self, i: int) -> LayerParams:
         return self.gdn_layer() if self.layer_type(i) == LINEAR else self.full_layer()
 
     def mlp_params(self) -> int:
-        return (self.fc1_width + self.ffn) * self.hidden
+        """The dense MLP; for MoE the shared expert (``ffn`` is its width) plus the router and the shared gate."""
+        dense = (self.fc1_width + self.ffn) * self.hidden
+        if self.moe is not None:
+            dense += self.moe.router_params(self.hidden) + (self.hidden if self.moe.shared_gate else 0)
+        return dense
 
     def mlp_vectors(self) -> int:
         return self.ffn + self.hidden if self.family == "gpt2" else 0  # c_fc and c_proj biases
@@ -222,8 +245,15 @@ class ModelSpec:
     def active_params(self) -> int:
         """Matmul and conv weights including the output layer; no input embedding, no 1-D vectors. Cached: the
         estimator's MFU reads it for every layout."""
-        return sum(self.layer(i).matrix for i in range(self.num_layers)) + self.output_params
+        return sum(self.layer(i).matrix + self.layer(i).active_expert_matrix
+                   for i in range(self.num_layers)) + self.output_params
 
+    @property
+    def activated_params(self) -> int:
+        """The published "activated" count of an MoE model: every parameter less the routed experts a token does
+        not use (Qwen3-Next-80B-A3B: 3,874,929,408). Dense models: the total."""
+        unused = sum(self.layer(i).expert_matrix - self.layer(i).active_expert_matrix for i in range(self.num_layers))
+        return self.total_params - unused
     def summary(self) -> dict:
         full, lin = self.count_types(0, self.num_layers)
         return {
@@ -241,6 +271,7 @@ class ModelSpec:
             "tied_embeddings": self.tied_embeddings,
             "total_params": self.total_params,
             "active_params": self.active_params,
+            **({"activated_params": self.activated_params, **self.moe.summary()} if self.moe is not None else {}),
         }
 
 
@@ -267,8 +298,17 @@ def from_hf_config(cfg: dict, name: str = "model", where: str | None = None) -> 
     if mt is None:
         raise ModelError(f"{where}: config is missing the field 'model_type'")
     n_experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0
+    moe = None
+    hf_type = mt
     if n_experts and n_experts > 1:
-        raise ModelError(f"{where}: mixture-of-experts models (num_experts={n_experts}) are not supported yet; dense models only")
+        family = HF_MOE_TYPES.get(mt)
+        if family is None:
+            raise ModelError(f"{where}: mixture-of-experts model_type '{mt}' is not modelled; allowed: "
+                             f"{', '.join(sorted(HF_MOE_TYPES))}")
+        moe = moe_from_hf(cfg, family, where)
+        # the dense-MLP width is the shared expert's (0: none); the routed experts live in ``moe``
+        cfg = {**cfg, "intermediate_size": moe.shared_ffn}
+        hf_type, mt = mt, {"qwen3_moe": "qwen3", "mixtral": "mistral"}.get(family, "qwen3_next")
     if mt in GPT2_TYPES:
         h = _need(cfg, "n_embd", where)
         heads = _need(cfg, "n_head", where)
@@ -303,10 +343,10 @@ def from_hf_config(cfg: dict, name: str = "model", where: str | None = None) -> 
         heads = _need(cfg, "num_attention_heads", where)
         layers = _need(cfg, "num_hidden_layers", where)
         common = dict(
-            name=name, model_type=mt, num_layers=layers, hidden=h, ffn=_need(cfg, "intermediate_size", where),
+            name=name, model_type=hf_type, num_layers=layers, hidden=h, ffn=_need(cfg, "intermediate_size", where),
             heads=heads, kv_heads=cfg.get("num_key_value_heads") or heads,
             head_dim=cfg.get("head_dim") or h // heads, vocab=_need(cfg, "vocab_size", where),
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), moe=moe,
             max_positions=cfg.get("max_position_embeddings", 4096),
             rope_theta=float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
             rotary_percent=float(cfg.get("partial_rotary_factor", 1.0)), norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),

@@ -16,12 +16,28 @@ from attune.errors import LayoutError
 from .engine import Engine
 from .layout import Layout, Workload
 from .model import FULL, LINEAR, ModelSpec
+from .pipeline_layout import accounted_stage_counts, layout_stage_counts
 
 
 # ---------------------------------------------------------------------- layer ranges
+def virtual_stage_counts(layout: Layout, num_layers: int) -> list[int] | None:
+    """Layers per virtual stage (PP x VPP, Megatron order) when the layout sets them one by one: an explicit
+    ``pipeline_layout`` string or the embedding / loss accounting; None for the first/last/even split."""
+    if layout.pipeline_layout is not None:
+        return layout_stage_counts(layout.pipeline_layout, layout.pp, layout.vpp, num_layers)
+    if layout.account_for_embedding or layout.account_for_loss:
+        return accounted_stage_counts(num_layers, layout.pp, layout.vpp, layout.account_for_embedding,
+                                      layout.account_for_loss)
+    return None
+
+
 def stage_layer_counts(layout: Layout, num_layers: int) -> list[int]:
-    """Layers per pipeline rank, Megatron's rule: first/last as given, the middle stages even."""
+    """Layers per pipeline rank, Megatron's rule: first/last as given, the middle stages even (or the sum of
+    the rank's virtual stages when a layout string / embedding-loss accounting sets them)."""
     p = layout.pp
+    vs = virtual_stage_counts(layout, num_layers)
+    if vs is not None:
+        return [sum(vs[i] for i in range(r, len(vs), p)) for r in range(p)]
     if p == 1:
         return [num_layers]
     first, last = layout.first, layout.last
@@ -47,15 +63,15 @@ def stage_layer_counts(layout: Layout, num_layers: int) -> list[int]:
 
 def chunk_ranges(layout: Layout, num_layers: int) -> list[list[tuple[int, int]]]:
     """For each pipeline rank, the [start, stop) layer ranges of its virtual chunks (Megatron order)."""
-    counts = stage_layer_counts(layout, num_layers)
     v, p = layout.vpp, layout.pp
-    sizes = [c // v for c in counts]
+    vs = virtual_stage_counts(layout, num_layers)
+    if vs is None:
+        vs = [c // v for _chunk in range(v) for c in stage_layer_counts(layout, num_layers)]
     ranges: list[list[tuple[int, int]]] = [[] for _ in range(p)]
     start = 0
-    for _chunk in range(v):
-        for r in range(p):
-            ranges[r].append((start, start + sizes[r]))
-            start += sizes[r]
+    for i, n in enumerate(vs):
+        ranges[i % p].append((start, start + n))
+        start += n
     return ranges
 
 

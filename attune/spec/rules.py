@@ -10,7 +10,10 @@ from attune.errors import LayoutError
 from .engine import Engine
 from .layout import Layout, Workload
 from .model import ModelSpec
-from .placement import stage_layer_counts
+from .moe import moe_rules
+from .knobs import MOE_ONLY, OFFLOAD_MODULES, RECOMPUTE_MODULES
+from .pipeline_layout import check_layout_string
+from .placement import stage_layer_counts, virtual_stage_counts
 
 
 def check(layout: Layout, model: ModelSpec, world_size: int, workload: Workload, engine: Engine) -> list[str]:
@@ -24,8 +27,7 @@ def check(layout: Layout, model: ModelSpec, world_size: int, workload: Workload,
         return e
     if L.world_size != world_size:
         e.append(f"world size {world_size} GPUs != TP {L.tp} x PP {L.pp} x CP {L.cp} x DP {L.dp} = {L.world_size}")
-    if L.ep != 1:
-        e.append(f"EP {L.ep}: only dense models (EP = 1) are supported for now")
+    e += moe_rules(L, model)
     if model.heads % L.tp:
         e.append(f"TP {L.tp} must divide the {model.heads} attention heads")
     if model.kv_heads % L.tp:
@@ -40,6 +42,19 @@ def check(layout: Layout, model: ModelSpec, world_size: int, workload: Workload,
         e.append(f"PP {L.pp} exceeds the {model.num_layers} layers")
     if L.pp == 1 and (L.first is not None or L.last is not None):
         e.append("first/last stage layer counts need PP > 1")
+    if L.pipeline_layout is not None:
+        if L.first is not None or L.last is not None or L.account_for_embedding or L.account_for_loss:
+            e.append("--pipeline-model-parallel-layout cannot be combined with --decoder-first/last-pipeline-num-layers "
+                     "or --account-for-embedding/loss-in-pipeline-split")
+        e.extend(check_layout_string(L.pipeline_layout, L.pp, L.vpp, model.num_layers))
+        refused = layout_string_refusal(model, engine)
+        if refused:
+            e.append(refused)
+    elif (L.account_for_embedding or L.account_for_loss) and (L.first is not None or L.last is not None):
+        e.append("--account-for-embedding/loss-in-pipeline-split cannot be combined with "
+                 "--decoder-first/last-pipeline-num-layers")
+    elif (L.account_for_embedding or L.account_for_loss) and L.pp == 1:
+        e.append("--account-for-embedding/loss-in-pipeline-split needs PP > 1")
     counts = None
     if not e:
         try:
@@ -53,7 +68,7 @@ def check(layout: Layout, model: ModelSpec, world_size: int, workload: Workload,
             if L.pp < 2:
                 e.append("virtual pipeline stages need PP >= 2")
             bad = [c for c in counts if c % L.vpp]
-            if bad:
+            if bad and L.pipeline_layout is None and not (L.account_for_embedding or L.account_for_loss):
                 e.append(f"VPP {L.vpp} must divide every stage's layers ({'/'.join(map(str, counts))})")
     g, meth, n = L.recompute_granularity, L.recompute_method, L.recompute_num_layers
     if g not in ("none", "selective", "full"):
@@ -64,13 +79,15 @@ def check(layout: Layout, model: ModelSpec, world_size: int, workload: Workload,
         if n is None or n < 1:
             e.append("full recompute needs --recompute-num-layers >= 1")
         elif counts is not None and L.vpp >= 1 and not any(c < 1 for c in counts):
-            per_chunk = min(counts) // L.vpp
+            chunk_sizes = virtual_stage_counts(L, model.num_layers) or [c // L.vpp for c in counts]
+            per_chunk = min(c for c in chunk_sizes if c > 0) if any(chunk_sizes) else 0
             if meth == "uniform" and n > per_chunk:
                 e.append(f"uniform recompute of {n} layers exceeds the {per_chunk} layers of the smallest chunk")
-            if meth == "block" and n > max(counts) // L.vpp:
-                e.append(f"block recompute of {n} layers exceeds the {max(counts) // L.vpp} layers per chunk")
+            if meth == "block" and n > max(chunk_sizes):
+                e.append(f"block recompute of {n} layers exceeds the {max(chunk_sizes)} layers per chunk")
     elif meth is not None or n is not None:
         e.append(f"recompute method/num-layers only apply to full recompute (granularity is {g})")
+    e.extend(check_knobs(L, model, engine))
     if L.precision not in ("bf16", "fp16"):
         e.append(f"precision '{L.precision}'; allowed: bf16, fp16")
     if engine.forces_distributed_optimizer and not L.distributed_optimizer:
@@ -92,6 +109,41 @@ def check(layout: Layout, model: ModelSpec, world_size: int, workload: Workload,
         e.append(f"sequence length {workload.seq_length} must be divisible by 2 x CP = {2 * L.cp} (load-balanced chunks)")
     if L.max_tokens_per_gpu is not None and L.max_tokens_per_gpu < 1:
         e.append("max tokens per GPU must be positive")
+    return e
+
+
+def layout_string_refusal(model: ModelSpec, engine: Engine) -> str | None:
+    """Why this model on this engine cannot take ``--pipeline-model-parallel-layout`` (None: it can)."""
+    if engine.name == "slime" and model.family == "qwen3_5":
+        return ("--pipeline-model-parallel-layout: slime's Qwen3.5 spec asserts config.pipeline_model_parallel_layout "
+                "is None (slime_plugins/models/qwen3_5.py); use first/last layer counts")
+    return None
+
+
+def check_knobs(L: Layout, model: ModelSpec, engine: Engine) -> list[str]:
+    """The module-recompute and activation-offload rules (issue 15), one message each."""
+    e: list[str] = []
+    if L.recompute_modules:
+        if L.recompute_granularity != "selective":
+            e.append(f"--recompute-modules needs --recompute-granularity selective (granularity is {L.recompute_granularity})")
+        bad = [m for m in L.recompute_modules if m not in RECOMPUTE_MODULES]
+        if bad:
+            e.append(f"recompute module(s) {', '.join(bad)}; allowed: {', '.join(RECOMPUTE_MODULES)}")
+        if len(set(L.recompute_modules)) != len(L.recompute_modules):
+            e.append(f"recompute modules {' '.join(L.recompute_modules)} name a module twice")
+        if getattr(model, "moe", None) is None and any(m in MOE_ONLY for m in L.recompute_modules):
+            e.append(f"recompute module(s) {', '.join(m for m in L.recompute_modules if m in MOE_ONLY)} need a "
+                     f"mixture-of-experts model")
+    if L.offload_modules:
+        bad = [m for m in L.offload_modules if m not in OFFLOAD_MODULES]
+        if bad:
+            e.append(f"offload module(s) {', '.join(bad)}; allowed: {', '.join(OFFLOAD_MODULES)}")
+        if len(set(L.offload_modules)) != len(L.offload_modules):
+            e.append(f"offload modules {' '.join(L.offload_modules)} name a module twice")
+        if "attn_proj" in L.offload_modules and "core_attn" not in L.offload_modules:
+            # megatron-core 0.16.1 transformer_config.py __post_init__ raises the same
+            e.append("offload module attn_proj needs core_attn too (the input of attn_proj is the output of core_attn, "
+                     "which core_attn's backward needs)")
     return e
 
 

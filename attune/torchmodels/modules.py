@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from attune.spec.model import LINEAR, ModelSpec
+from attune.torchmodels.moe_block import MoEBlock
 
 # Standard deviation of the normal init of matrices and embeddings: GPT-2 / Megatron `init_method_std` default.
 INIT_STD = 0.02
@@ -284,7 +285,7 @@ class DecoderLayer(nn.Module):
         self.input_norm = make_norm(spec, spec.hidden, device)
         self.mixer = GatedDeltaNet(spec, device) if self.kind == LINEAR else Attention(spec, device)
         self.post_norm = make_norm(spec, spec.hidden, device)
-        self.mlp = MLP(spec, device)
+        self.mlp = MoEBlock(spec, device) if spec.moe is not None else MLP(spec, device)  # MoE: issue 14
 
     def forward(self, x: torch.Tensor, rope) -> torch.Tensor:
         x = x + self.mixer(self.input_norm(x), rope)

@@ -49,6 +49,7 @@ from attune.spec.flags import table_describes, to_flags
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec
+from attune.spec.moe import moe_model_args
 from attune.spec.rules import check
 
 __all__ = ["LaunchCommand", "LaunchError", "ShellText", "model_args", "slime_command", "command_for_recipe",
@@ -154,6 +155,15 @@ def trial_slug(name: str) -> str:
 
 # ---------------------------------------------------------------------- model arguments
 def model_args(model: ModelSpec) -> list[str]:
+    """Megatron-LM / slime architecture flags for a model; MoE models add slime's MoE model arguments
+    (``attune.spec.moe.moe_model_args``)."""
+    a = _dense_model_args(model)
+    if model.moe is not None:
+        a += moe_model_args(model.moe, model.num_layers)
+    return a
+
+
+def _dense_model_args(model: ModelSpec) -> list[str]:
     """Megatron-LM / slime architecture flags for a model, generated from its spec.
 
     qwen3_5: slime's ``scripts/models/qwen3.5-27B.sh`` MODEL_ARGS (reference 1.1), in its order; tied models
@@ -163,11 +173,12 @@ def model_args(model: ModelSpec) -> list[str]:
     """
     m = model
     if m.family == "qwen3_5":
-        a = ["--spec", "slime_plugins.models.qwen3_5", "get_qwen3_5_spec",
+        plugin = "qwen3_next" if m.moe is not None and m.moe.family == "qwen3_next" else "qwen3_5"
+        a = ["--spec", f"slime_plugins.models.{plugin}", f"get_{plugin}_spec",
              "--disable-bias-linear", "--qk-layernorm", "--group-query-attention",
              "--num-attention-heads", str(m.heads), "--num-query-groups", str(m.kv_heads),
              "--kv-channels", str(m.head_dim), "--num-layers", str(m.num_layers),
-             "--hidden-size", str(m.hidden), "--ffn-hidden-size", str(m.ffn)]
+             "--hidden-size", str(m.hidden), "--ffn-hidden-size", str(m.moe.dense_ffn if m.moe else m.ffn)]
         # slime's script also passes --use-gated-attention: its Megatron patch registers it and nothing reads it
         # (the flag table's no_effect), so the launch leaves it out; the gate itself is --attention-output-gate
         a += ["--normalization", "RMSNorm", "--apply-layernorm-1p", "--position-embedding-type", "rope",
@@ -180,7 +191,7 @@ def model_args(model: ModelSpec) -> list[str]:
         return a
     if m.family == "llama":
         a = ["--swiglu", "--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden),
-             "--ffn-hidden-size", str(m.ffn), "--num-attention-heads", str(m.heads)]
+             "--ffn-hidden-size", str(m.moe.dense_ffn if m.moe else m.ffn), "--num-attention-heads", str(m.heads)]
         if m.kv_heads != m.heads:
             a += ["--group-query-attention", "--num-query-groups", str(m.kv_heads)]
         a += ["--kv-channels", str(m.head_dim), "--position-embedding-type", "rope",

@@ -1,0 +1,211 @@
+"""Memory and time terms of the routed experts of an MoE layer, per pipeline stage and microbatch.
+
+The dense part of an MoE layer (attention or Gated DeltaNet, the pre-MLP norm, the router's input, the
+shared expert: ``ModelSpec.ffn`` is its width) is costed by ``attune.estimator.costs`` like any layer; this
+module adds what the routed experts bring (megatron-core ``MoELayer``: router -> token dispatcher ->
+``GroupedMLP`` / ``TEGroupedMLP`` -> combine; megatron/core/transformer/moe/):
+
+* memory: expert weights, gradients and optimizer states sharded by EP x ETP, their optimizer states by
+  the expert data-parallel group (world / (PP x EP x ETP)); the tensors the routed tokens save (the
+  permuted expert input, fc1 output, SwiGLU output, the expert output kept for the probability-weighted
+  combine), the router's logits and softmax in the router dtype, the permutation maps, and the
+  all-to-all send / receive buffers alive during dispatch and combine in the backward working set.
+* time: the expert GEMMs at the efficiency of their per-expert shape (tokens per local expert is small:
+  where MoE loses MFU), times a grouped-GEMM factor (a loop of per-expert GEMMs without
+  ``--moe-grouped-gemm``), the router GEMM and softmax/top-k, permutation passes over HBM, the dispatch and
+  combine all-to-all over NVLink inside a node and the network across nodes, the shared expert overlapped
+  with the all-to-all when ``--moe-shared-expert-overlap`` says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from attune.estimator.costs import BF16, FP32, LayerCost, Saved, Shape
+from attune.spec.hardware import Cluster, GiB
+from attune.spec.layout import Layout
+from attune.spec.model import ModelSpec
+from attune.spec.moe import expert_data_parallel
+
+__all__ = ["expert_data_parallel"]  # re-exported for performance.py
+
+DROPLESS_IMBALANCE = 1.25
+"""Routed tokens on the busiest EP rank over the mean, dropless routing with EP > 1 [unverified assumption:
+slime's MoE scripts set --moe-aux-loss-coeff 0, so nothing balances the load during SFT; megatron-core's
+dropless GroupedMLP sizes its buffers by the tokens actually received (moe/token_dispatcher.py), so the
+busiest rank sets the step's pace and peak]. 1.0 with EP 1 (one rank holds every expert)."""
+
+ROUTER_BYTES = {"fp32": FP32, "fp64": 8, None: BF16}
+"""Bytes per router logit by ``--moe-router-dtype`` (absent: the model dtype)."""
+
+INT32 = 4  # bytes of one permutation-map entry (row_id_map, int32: moe/moe_utils.py permute)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoECoefficients:
+    """The MoE-specific performance coefficients (unitless fractions); everything else is shared with dense
+    models (attune.estimator.coefficients)."""
+
+    grouped_gemm_efficiency: float = 0.85
+    """Grouped GEMM throughput over a single GEMM of the same per-expert shape [unverified prior; bounds
+    (0.5, 1.0): TE/cuBLASLt grouped GEMMs launch once for all local experts]."""
+    loop_gemm_efficiency: float = 0.6
+    """The same without ``--moe-grouped-gemm``: a Python loop of per-expert GEMMs with a launch each
+    [unverified prior; bounds (0.3, 1.0)]."""
+    alltoall_efficiency: float = 0.6
+    """Achieved all-to-all bandwidth over the link's collective bandwidth (uneven splits, many peers)
+    [unverified prior; bounds (0.3, 1.0)]."""
+    permutation_passes: float = 4.0
+    """HBM passes over the routed tokens for permute + unpermute (fused: 2) [unverified prior; bounds (1, 8)]."""
+
+    BOUNDS = {"grouped_gemm_efficiency": (0.5, 1.0), "loop_gemm_efficiency": (0.3, 1.0),
+              "alltoall_efficiency": (0.3, 1.0), "permutation_passes": (1.0, 8.0)}
+
+
+MOE_DEFAULT = MoECoefficients()
+
+
+def imbalance(layout: Layout) -> float:
+    """The busiest EP rank's routed tokens over the mean: DROPLESS_IMBALANCE with EP > 1, capped by the
+    capacity factor when tokens are dropped."""
+    f = DROPLESS_IMBALANCE if layout.ep > 1 else 1.0
+    if layout.moe_capacity_factor is not None:
+        f = min(f, layout.moe_capacity_factor)
+    return f
+
+
+def local_tokens(layout: Layout, shape: Shape) -> float:
+    """Tokens one GPU routes per microbatch: the sequence-parallel shard under SP (megatron-core routes
+    the SP-sharded hidden states), the whole microbatch without it."""
+    return shape.tokens / (shape.tp if shape.sp else 1)
+
+
+def routed_tokens(layout: Layout, shape: Shape, top_k: int) -> float:
+    """Token-expert pairs one GPU's experts process per microbatch: local tokens x top-k, gathered over the
+    ETP group (each ETP rank computes its slice of every token's expert), on the busiest rank."""
+    return local_tokens(layout, shape) * top_k * layout.etp * imbalance(layout)
+
+
+# ---------------------------------------------------------------------- memory
+def with_expert_activations(costs: dict[str, LayerCost], model: ModelSpec, layout: Layout, shape: Shape,
+                            router_dtype: str | None = "fp32") -> dict[str, LayerCost]:
+    """Each layer kind's cost with the routed experts' saved tensors and backward working set added (so the
+    recompute rules in memory.py cover them); dense models come back unchanged."""
+    moe = model.moe
+    if moe is None:
+        return costs
+    h, f = model.hidden, moe.expert_ffn / layout.etp
+    R = routed_tokens(layout, shape, moe.top_k)
+    t = local_tokens(layout, shape)
+    saved = (
+        Saved("router logits and softmax probabilities (router dtype; TopKRouter)", 2 * t * moe.experts
+              * ROUTER_BYTES.get(router_dtype, FP32)),
+        Saved("permutation maps (int32 row_id_map per routed token)", R * INT32),
+        Saved("permuted expert input (grouped fc1 GEMM input, bf16)", R * BF16 * h),
+        Saved("expert fc1 output = SwiGLU input (bf16)", R * BF16 * 2 * f),
+        Saved("expert SwiGLU output = fc2 input (bf16)", R * BF16 * f),
+        Saved("expert output kept for the probability-weighted combine (bf16)", R * BF16 * h),
+    )
+    # backward: the all-to-all send and receive buffers of the combine gradient and the dispatch, plus the
+    # expert MLP's own gradients d(fc2 input), d(fc1 output)
+    work = 2 * R * BF16 * h + R * BF16 * 3 * f
+    return {k: replace(c, saved=c.saved + saved, bwd_work_bytes=max(c.bwd_work_bytes, work))
+            for k, c in costs.items()}
+
+
+def expert_activation_bytes(model: ModelSpec, layout: Layout, shape: Shape, router_dtype: str | None = "fp32") -> float:
+    """Bytes one MoE layer's routed part saves per microbatch (what ``with_expert_activations`` adds)."""
+    if model.moe is None:
+        return 0.0
+    probe = {"x": LayerCost(saved=(), input_bytes=0.0, bwd_work_bytes=0.0, gemm=(), attn_flops=0.0, gdn_flops=0.0,
+                            tp_coll_fwd=0, tp_coll_bwd=0, tp_coll_bytes=0.0, tp_allreduce=False, cp_bytes=0.0,
+                            params_on_gpu=0.0)}
+    return with_expert_activations(probe, model, layout, shape, router_dtype)["x"].act_bytes
+
+
+def expert_params_per_layer(model: ModelSpec, layout: Layout) -> float:
+    """Routed-expert parameters of one layer on one GPU: all experts / (EP x ETP)."""
+    if model.moe is None:
+        return 0.0
+    return model.moe.routed_params(model.hidden) / (layout.ep * layout.etp)
+
+
+def stage_expert_params(model: ModelSpec, layout: Layout, layers: int) -> float:
+    """Routed-expert parameters one GPU of a stage holding ``layers`` MoE layers keeps."""
+    return layers * expert_params_per_layer(model, layout)
+
+
+def expert_layout(layout: Layout) -> Layout:
+    """The layout as the expert optimizer sees it: its states sharded over the expert data-parallel group
+    instead of DP x CP (megatron-core builds a separate distributed optimizer over expert-DP)."""
+    return replace(layout, dp=expert_data_parallel(layout), cp=1)
+
+
+# ---------------------------------------------------------------------- time
+def _gemm_eff(min_dim: float, coef) -> float:
+    return coef.gemm_efficiency * (1.0 - math.exp(-min_dim / coef.gemm_half_dim))
+
+
+def _link_gbps(span: int, cluster: Cluster, coef) -> float:
+    if span <= max(cluster.gpus_per_node, cluster.gpu.nvlink_domain):
+        return cluster.gpu.nvlink_gbps * coef.nvlink_efficiency
+    return cluster.gpu.internode_gbps / cluster.gpus_per_node * coef.network_efficiency
+
+
+def moe_layer_times(model: ModelSpec, cluster: Cluster, layout: Layout, shape: Shape, coef,
+                    mcoef: MoECoefficients = MOE_DEFAULT) -> dict[str, float]:
+    """One MoE layer's routed part, one microbatch, seconds: fwd_/bwd_ gemm and memory, and the exposed
+    dispatch + combine all-to-all (ep_fwd, ep_bwd)."""
+    moe = model.moe
+    if moe is None:
+        return {}
+    gpu = cluster.gpu
+    peak, hbm = gpu.bf16_tflops * 1e12, gpu.hbm_gbps * 1e9 * coef.hbm_efficiency
+    h, f = model.hidden, moe.expert_ffn / layout.etp
+    R = routed_tokens(layout, shape, moe.top_k)
+    t = local_tokens(layout, shape)
+    local_experts = moe.experts / layout.ep
+    per_expert = R / local_experts  # tokens one local expert sees: the small GEMM dimension
+    kind = mcoef.grouped_gemm_efficiency if layout.moe_grouped_gemm else mcoef.loop_gemm_efficiency
+    flops = 2 * R * h * 3 * f  # fc1 (2f wide) + fc2
+    gemm = flops / (peak * _gemm_eff(min(per_expert, h, f), coef) * kind)
+    router = 2 * t * h * moe.experts / (peak * _gemm_eff(min(t, h, moe.experts), coef))
+    passes = mcoef.permutation_passes / (2 if layout.moe_permute_fusion else 1)
+    mem = (passes * R * BF16 * h + 3 * t * moe.experts * FP32 + 3 * R * BF16 * f) / hbm
+    # dispatch + combine: each sends its routed tokens' hidden states to the experts' ranks; the fraction
+    # (EP - 1) / EP leaves the GPU. allgather dispatcher: every rank gathers all tokens of the EP x ETP group.
+    ep_fwd = ep_bwd = 0.0
+    group = layout.ep * layout.etp
+    if group > 1:
+        # Megatron's expert rank order is tp-ep-dp-pp with tp = ETP: the EP x ETP group is adjacent ranks
+        bw = _link_gbps(group, cluster, coef) * 1e9 * mcoef.alltoall_efficiency
+        if layout.moe_dispatcher in (None, "allgather"):
+            vol = 2 * (group - 1) * t * BF16 * h  # gather tokens, reduce-scatter outputs
+        else:
+            vol = 2 * (layout.ep - 1) / layout.ep * R * BF16 * h / layout.etp
+        ep_fwd = vol / bw + 2 * coef.collective_latency_s
+        ep_bwd = ep_fwd
+        if layout.moe_shared_expert_overlap and moe.shared_ffn:
+            shared = 2 * t * h * 3 * moe.shared_ffn / max(1, layout.tp if not shape.sp else 1) / (peak * coef.gemm_efficiency)
+            ep_fwd = max(0.0, ep_fwd - shared)
+            ep_bwd = max(0.0, ep_bwd - 2 * shared)
+    return {"fwd_gemm": gemm + router, "bwd_gemm": 2 * (gemm + router), "fwd_memory": mem,
+            "bwd_memory": coef.backward_memory_ratio * mem, "ep_fwd": ep_fwd, "ep_bwd": ep_bwd}
+
+
+def expert_dp_comm_s(model: ModelSpec, cluster: Cluster, layout: Layout, layers: int, grad_bytes: float, coef) -> float:
+    """The expert gradients' reduce-scatter and parameter all-gather over the expert data-parallel group,
+    seconds (not overlapped: the conservative case)."""
+    d = expert_data_parallel(layout)
+    n = stage_expert_params(model, layout, layers)
+    if d <= 1 or not n:
+        return 0.0
+    span = layout.tp * layout.cp * layout.dp
+    bw = _link_gbps(span, cluster, coef) * 1e9
+    return n * (d - 1) / d * (grad_bytes + BF16) / bw + 2 * coef.collective_latency_s
+
+
+def expert_memory_gib(params: float, w_b: float, g_b: float, o_b: float) -> tuple[float, float, float]:
+    """(weights, grads, optimizer) GiB of ``params`` expert parameters at the given bytes per parameter."""
+    return params * w_b / GiB, params * g_b / GiB, params * o_b / GiB

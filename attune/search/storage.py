@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import re
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -125,6 +126,15 @@ def is_transient(e: BaseException) -> bool:
         if isinstance(x, sqlalchemy.exc.DBAPIError) and x.connection_invalidated:
             return True
     return False
+
+
+# tries of opening a fresh database while other workers create its tables (see open_storage)
+CREATE_RACE_TRIES = 5
+
+
+def _lost_create_race(e: BaseException) -> bool:
+    text = " ".join(str(x) for x in _chain(e)).lower()
+    return "already exists" in text or "duplicate key value" in text
 
 
 def _first_line(e: BaseException) -> str:
@@ -235,9 +245,19 @@ def open_storage(url: str, *, heartbeat_interval_s: int | None = None, grace_per
     hb = dict(heartbeat_interval=heartbeat_interval_s, grace_period=grace_period_s) if heartbeat_interval_s else {}
 
     def _open() -> optuna.storages.RDBStorage:
-        with warnings.catch_warnings():  # Optuna marks the heartbeat arguments experimental
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(_rdb_url(url), engine_kwargs=engine_kwargs, **hb)
+        for attempt in range(CREATE_RACE_TRIES):
+            try:
+                with warnings.catch_warnings():  # Optuna marks the heartbeat arguments experimental
+                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                    return optuna.storages.RDBStorage(_rdb_url(url), engine_kwargs=engine_kwargs, **hb)
+            except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as e:
+                # workers starting together on a fresh database all create Optuna's tables; PostgreSQL reports
+                # the losers' CREATE TABLE as a duplicate (pg_type unique index) or "already exists". The
+                # winner's tables are there on the next try.
+                if attempt == CREATE_RACE_TRIES - 1 or not _lost_create_race(e):
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     probe = RetryingStorage(optuna.storages.InMemoryStorage(), url, min(retry_s, OPEN_RETRY_S))
     try:

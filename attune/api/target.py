@@ -13,31 +13,20 @@ from pathlib import Path
 
 from attune.errors import UserInputError
 from attune.recipe.io import load_recipe
-from attune.recipe.target import recipe_target
+from attune.recipe.target import RecipeTarget, recipe_target
 from attune.spec.baselines import baseline_layout
-from attune.spec.engine import Engine, get_engine
+from attune.spec.engine import get_engine
 from attune.spec.flags import from_flags
 from attune.spec.hardware import Cluster, parse_cluster
-from attune.spec.layout import Layout, Workload
-from attune.spec.model import ModelSpec, load_model
+from attune.spec.layout import Workload
+from attune.spec.model import load_model
 
 
 @dataclass(frozen=True, kw_only=True)
-class Target:
-    """Everything an estimate or a run needs, resolved and typed."""
+class Target(RecipeTarget):
+    """Everything an estimate or a run needs, resolved and typed: a recipe's target (``RecipeTarget``: model,
+    cluster, engine, layout, workload, source) or the same built from flags or the model's baseline."""
 
-    model: ModelSpec
-    """The model."""
-    cluster: Cluster
-    """GPUs and nodes."""
-    engine: Engine
-    """Training engine whose memory and speed rules apply."""
-    layout: Layout
-    """The parallel layout (DP derived from the cluster size)."""
-    workload: Workload
-    """Rows, batch, steps and hyper-parameters."""
-    source: str
-    """Where the layout came from: a recipe path, "flags", or the baseline's note."""
     ignored_flags: tuple[str, ...] = field(default=())
     """Flags after ``--`` that are neither layout nor workload flags."""
 

@@ -5,59 +5,28 @@ from __future__ import annotations
 import argparse
 
 
-def positive_int(text: str) -> int:
-    """An integer >= 1."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{v}: must be a positive integer (>= 1)")
-    return v
+def _ranged(cast, ok, rule: str):
+    """An argparse type: ``cast`` the text, then refuse values ``ok`` rejects, saying the ``rule``."""
+    what = "an integer" if cast is int else "a number"
+
+    def parse(text: str):
+        try:
+            v = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not {what}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"{v:g}: must be {rule}")
+        return v
+
+    parse.__doc__ = f"{what.capitalize()} that is {rule}."
+    return parse
 
 
-def nonnegative_int(text: str) -> int:
-    """An integer >= 0."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{v}: must be >= 0")
-    return v
-
-
-def positive_float(text: str) -> float:
-    """A number > 0 (seconds, USD)."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"{v:g}: must be positive")
-    return v
-
-
-def fraction(text: str) -> float:
-    """A number in [0, 1)."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-    if not 0.0 <= v < 1.0:
-        raise argparse.ArgumentTypeError(f"{v:g}: must be in [0, 1)")
-    return v
-
-
-def unit_interval(text: str) -> float:
-    """A number in (0, 1]."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-    if not 0.0 < v <= 1.0:
-        raise argparse.ArgumentTypeError(f"{v:g}: must be in (0, 1]")
-    return v
+positive_int = _ranged(int, lambda v: v >= 1, "a positive integer (>= 1)")
+nonnegative_int = _ranged(int, lambda v: v >= 0, ">= 0")
+positive_float = _ranged(float, lambda v: v > 0, "positive")  # seconds, USD
+fraction = _ranged(float, lambda v: 0.0 <= v < 1.0, "in [0, 1)")
+unit_interval = _ranged(float, lambda v: 0.0 < v <= 1.0, "in (0, 1]")
 
 
 class Parser(argparse.ArgumentParser):

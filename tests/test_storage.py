@@ -88,6 +88,46 @@ def test_transient_error_retried_then_permanent_reported(tmp_path):
     assert time.monotonic() - t0 < 0.2  # a permanent error is not retried
 
 
+def test_an_outage_keeps_the_storage_unsettled_for_a_grace_period():
+    """Nobody can beat while the database is down: staleness is not judged until a grace period after it is back."""
+    s = RetryingStorage(optuna.storages.InMemoryStorage(), "postgresql://u:pw@db/a", retry_s=5)
+    assert not s.unsettled(0.3)
+    seen = []
+
+    def flaky():
+        seen.append(s.unsettled(0.3))  # while the call is failing, the storage is unsettled
+        if len(seen) < 2:
+            raise _dropped()
+        return "ok"
+
+    assert s.call(flaky) == "ok" and seen == [False, True]
+    assert s.unsettled(0.3)
+    time.sleep(0.35)
+    assert not s.unsettled(0.3)
+    assert s.call(lambda: 1) == 1 and not s.unsettled(0.3)  # a call that never failed settles nothing
+
+
+def test_heartbeat_retries_wait_at_most_half_an_interval(tmp_path):
+    h = open_storage(f"sqlite:///{tmp_path / 's.db'}", heartbeat_interval_s=1, grace_period_s=3)
+    assert h.storage.heartbeat_wait_s == 0.5
+    calls = []
+    inner = h.storage.inner
+
+    class Flaky:  # the storage's own record_heartbeat, failing 5 times: waits 0.25, 0.5, 0.5, 0.5, 0.5 s
+        def __getattr__(self, name):
+            return getattr(inner, name)
+
+        def record_heartbeat(self, trial_id):
+            calls.append(time.monotonic())
+            if len(calls) <= 5:
+                raise _dropped()
+
+    h.storage._inner = Flaky()
+    h.storage.record_heartbeat(0)
+    gaps = [b - a for a, b in zip(calls, calls[1:])]
+    assert len(calls) == 6 and max(gaps) < 0.8, gaps
+
+
 def test_unreachable_server_is_one_line_with_the_password_masked():
     t0 = time.monotonic()
     with pytest.raises(StorageUnavailable) as e:

@@ -159,10 +159,32 @@ class _RetryingBase(BaseStorage):
         self._retry_s = retry_s
         self.retries = 0
         """Transient errors retried so far (all calls together)."""
+        self.heartbeat_wait_s = RETRY_MAX_WAIT_S
+        """Longest wait between tries of a heartbeat call, seconds (``open_storage`` sets half the heartbeat
+        interval, so a worker beats again within about one interval of the database coming back)."""
+        self._failing = 0  # calls now between a transient error and their next success (any thread)
+        self._recovered_at: float | None = None  # time.monotonic() of the last success after a transient error
+
+    def unsettled(self, window_s: float) -> bool:
+        """True while a call is failing with a transient error, and for ``window_s`` seconds after the database
+        answered again. Nobody could record a heartbeat during the outage, so the tuner does not fail other
+        workers' trials as stale until they have had a grace period to beat again."""
+        if self._failing:
+            return True
+        return self._recovered_at is not None and time.monotonic() - self._recovered_at < window_s
 
     def call(self, fn: Callable[..., Any], *args, **kwargs) -> Any:
         """``fn(*args, **kwargs)`` retried on transient errors; StorageUnavailable past the budget."""
+        return self._call(fn, RETRY_MAX_WAIT_S, *args, **kwargs)
+
+    def _call(self, fn: Callable[..., Any], max_wait_s: float, *args, **kwargs) -> Any:
+        failed = False
+
         def _log(state) -> None:
+            nonlocal failed
+            if not failed:
+                failed = True
+                self._failing += 1
             self.retries += 1
             log.warning("study storage %s: %s; retrying in %.1f s", self._url,
                         _first_line(state.outcome.exception()), state.next_action.sleep)
@@ -170,15 +192,21 @@ class _RetryingBase(BaseStorage):
         try:
             for attempt in Retrying(retry=retry_if_exception(is_transient), reraise=False,
                                     stop=stop_after_delay(self._retry_s), before_sleep=_log,
-                                    wait=wait_exponential(multiplier=RETRY_FIRST_WAIT_S, max=RETRY_MAX_WAIT_S)):
+                                    wait=wait_exponential(multiplier=RETRY_FIRST_WAIT_S, max=max_wait_s)):
                 with attempt:
-                    return fn(*args, **kwargs)
+                    out = fn(*args, **kwargs)
+                    if failed:
+                        self._recovered_at = time.monotonic()
+                    return out
         except RetryError as e:
             last = e.last_attempt.exception()
             raise StorageUnavailable(f"study storage {self._url} unreachable for {self._retry_s:g} s: "
                                      f"{_first_line(last)}") from None
         except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
             raise StorageUnavailable(f"study storage {self._url}: {_first_line(e)}") from None
+        finally:
+            if failed:
+                self._failing -= 1
 
     def __getstate__(self):  # Optuna deep-copies studies in places; a storage is shared, not copied
         return self.__dict__
@@ -197,6 +225,15 @@ def _delegate(name: str):
     return method
 
 
+def _delegate_heartbeat(name: str):
+    def method(self, *args, **kwargs):
+        return self._call(getattr(self._inner, name), self.heartbeat_wait_s, *args, **kwargs)
+    method.__name__ = name
+    method.__doc__ = (f"``{name}`` of the wrapped storage, retried on transient errors at most "
+                      f"``heartbeat_wait_s`` apart.")
+    return method
+
+
 def _remove_session(self) -> None:
     self._inner.remove_session()
 
@@ -207,7 +244,7 @@ _NS["remove_session"] = _remove_session
 RetryingStorage = type("RetryingStorage", (_RetryingBase,), dict(_NS, __doc__=_RetryingBase.__doc__,
                                                                   __module__=__name__))
 RetryingHeartbeatStorage = type("RetryingHeartbeatStorage", (RetryingStorage, BaseHeartbeat),
-                                dict({n: _delegate(n) for n in _HEARTBEAT_CALLS}, __module__=__name__,
+                                dict({n: _delegate_heartbeat(n) for n in _HEARTBEAT_CALLS}, __module__=__name__,
                                      __doc__=_RetryingBase.__doc__ + "\n\nWith Optuna's heartbeat."))
 
 
@@ -269,4 +306,7 @@ def open_storage(url: str, *, heartbeat_interval_s: int | None = None, grace_per
     except (ImportError, ValueError, TypeError, sqlalchemy.exc.ArgumentError) as e:
         raise BadStorageURL(f"cannot open the study storage {masked}: {_first_line(e)}") from None
     cls = RetryingHeartbeatStorage if hb else RetryingStorage
-    return StorageHandle(storage=cls(optuna.storages.get_storage(rdb), url, retry_s), rdb=rdb, url=url, kind=kind)
+    storage = cls(optuna.storages.get_storage(rdb), url, retry_s)
+    if heartbeat_interval_s:
+        storage.heartbeat_wait_s = max(RETRY_FIRST_WAIT_S, heartbeat_interval_s / 2)
+    return StorageHandle(storage=storage, rdb=rdb, url=url, kind=kind)

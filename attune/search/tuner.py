@@ -337,8 +337,8 @@ class Tuner:
         """Fail the trials a killed tuner left RUNNING (see the module docstring); returns how many."""
         study = self.study
         before = {t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
-        if not before:
-            return 0
+        if not before or self._handle.storage.unsettled(self.cfg.grace_period_s):
+            return 0  # after a database outage nobody could beat: silence proves nothing for a grace period
         with _quiet_optuna():
             optuna.storages.fail_stale_trials(study)
         now = dt.datetime.now()
@@ -354,6 +354,12 @@ class Tuner:
         if n:
             log.info("failed %d trial(s) a killed tuner left running (%s)", n, INTERRUPTED)
         return n
+
+    def _fail_stale_after_beat(self) -> None:
+        """After each heartbeat: fail other workers' stale measured trials (not right after a database outage)."""
+        if not self._handle.storage.unsettled(self.cfg.grace_period_s):
+            with _quiet_optuna():
+                optuna.storages.fail_stale_trials(self.study)
 
     def _ask(self, dists: dict | None = None) -> optuna.Trial:
         with _quiet_optuna():
@@ -428,13 +434,13 @@ class Tuner:
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             self.counts["lost"] = self.counts.get("lost", 0) + 1
             return None
+        rec = TrialRecord(role=role, host=self._host, pid=self._pid, runner=cfg.runner.name)
+        rec.set_estimate(est)
+        for k, v in self._proposal_fields.items():
+            setattr(rec, k, v)
         try:
             with _Heartbeat(self._handle.storage if self._rdb is not None else None, cfg.study_name, trial.number,
-                            cfg.heartbeat_interval_s, on_beat=lambda: optuna.storages.fail_stale_trials(study)):
-                rec = TrialRecord(role=role, host=self._host, pid=self._pid, runner=cfg.runner.name)
-                rec.set_estimate(est)
-                for k, v in self._proposal_fields.items():
-                    setattr(rec, k, v)
+                            cfg.heartbeat_interval_s, on_beat=self._fail_stale_after_beat):
                 rec.save(trial)
                 self.measured_layouts.add(layout_key(layout.to_dict()))
                 self._say(f"running trial {trial.number}: {layout.label()}")
@@ -450,6 +456,23 @@ class Tuner:
                           reason=res.reason[:REASON_CHARS] if res.reason else None,
                           log_tail=res.log_tail[-LOG_TAIL_CHARS:] if res.log_tail else None,
                           measured_peak_gib=[round(x, 3) for x in res.peak_memory_gib] if res.peak_memory_gib else None)
+        try:
+            self._file_result(trial, out, res, est)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # another worker failed this trial as stale (its heartbeats could not reach the database for longer
+            # than the grace period): keep the measurement as a new trial linked to the failed one
+            again = new_measured_trial(study, self._handle.storage, params, self._dists, claim, trial.number)
+            log.warning("trial %d was failed as stale by another worker while this one measured it; its result is "
+                        "kept as trial %d", trial.number, again.number)
+            rec.save(again)  # what the measurement started with: role, worker, estimate, proposal
+            self._file_result(again, out, res, est)
+            trial = again
+        self.counts["measured"] += 1
+        return TrialRecord.from_trial(study.trials[trial.number])
+
+    def _file_result(self, trial: optuna.Trial, out: TrialRecord, res: TrialResult, est) -> None:
+        """Record a measurement on its trial and tell the study (COMPLETE, PRUNED for an OOM, or FAIL)."""
+        study = self.study
         if res.status == OK:
             out.tokens_per_s_per_gpu = res.tokens_per_s_per_gpu
             out.step_time_s = res.step_time_s
@@ -473,8 +496,6 @@ class Tuner:
         else:
             out.save(trial)
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        self.counts["measured"] += 1
-        return TrialRecord.from_trial(study.trials[trial.number])
 
     def coordinate(self) -> int | None:
         """What other workers left, before a new candidate (attune.search.coordination): fail stale trials;

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from attune.calibrate.corpus import default_corpus_dir, load_corpus, read_row
-from attune.calibrate.fit import (FitParam, apply, fit, fit_params, leave_one_series_out, source_values, to_data,
-                                  write_data)
+from attune.calibrate.fit import (FitParam, apply, current, fit, fit_params, is_moe_row, leave_one_series_out,
+                                  source_values, to_data, write_data)
 from attune.calibrate.report import predict, predict_row, scores, write_csv
 from attune.calibrate.rows import CorpusError
 from attune.calibrate.seed import seed_observations
@@ -63,9 +63,13 @@ def test_corpus_expresses_every_dense_bf16_row():
     fp8 = [r for r in dense if r.precision == "fp8"]
     assert fp8 and all(r.reason == "not modelled: fp8" for r in fp8)
     moe = [r for r in corpus.rows if r.file == "moe.yaml"]
-    # issue 14: the bf16 rows of bundled MoE families are expressed (Qwen3-235B-A22B on GB200), the rest name why
-    assert moe and [r.id for r in moe if r.expressed] == ["mbridge-25.11-pretrain-qwen3_235b_a22b-dgx-gb200-256g-bf16-gbs8192"]
-    assert any(r.reason.startswith("not modelled: MoE model GPT OSS 120B") for r in moe)
+    # issue 14: every bf16 MoE row is expressed (GPT-OSS 120B, DeepSeek-V3 without MTP, Qwen3-235B-A22B on
+    # H100, B200, B300, GB200 and GB300), force-balanced as the source says; the low-precision ones name why not
+    bf16_moe = [r for r in moe if r.precision == "bf16"]
+    assert len(bf16_moe) == 28 and [r.id for r in bf16_moe if not r.expressed] == []
+    assert {r.model.name for r in bf16_moe} == {"GPT-OSS-120B", "DeepSeek-V3", "Qwen3-235B-A22B"}
+    assert all(r.layout.moe_force_balance and r.layout.ep > 1 for r in bf16_moe)
+    assert all(r.reason.startswith("not modelled: ") for r in moe if r.precision != "bf16")
     # memory rows: the Korthikanti component rows are expressed with their verdicts, the MoE ones are not
     mem = {r.id: r for r in corpus.rows if r.file == "memory.yaml"}
     k = mem["mem-korthikanti2022-fig1-gpt3-175b-none"]
@@ -189,7 +193,8 @@ def test_fit_params_follow_the_field_metadata():
     corpus = load_corpus(CORPUS) if CORPUS else None
     if corpus is None:
         pytest.skip("no corpus")
-    params = fit_params(corpus)
+    params = fit_params(corpus) + fit_params(corpus, moe=True)  # the dense fit's, then the MoE kernels' (issue 14)
+    assert not {p.name for p in fit_params(corpus)} & {p.name for p in fit_params(corpus, moe=True)}
     bounded = [f for f in dataclasses.fields(Coefficients) if f.metadata.get("bounds")]
     assert bounded, "no coefficient declares bounds"
     for f in bounded:
@@ -246,3 +251,21 @@ def test_calibrate_command_writes_table_and_plot(tmp_path, capsys):
     rows = list(csv.DictReader((out / "calibration.csv").open()))
     assert len(rows) == len(load_corpus(CORPUS).expressed)
     assert "## Rows not expressed" in (out / "calibration.md").read_text()
+
+
+def test_moe_kernel_fit_predicts_later_releases_it_was_not_fitted_to():
+    """The MoE kernels' coefficients fitted to the bf16 MoE rows of the releases up to 26.02.01 predict the rows of
+    26.04 and 26.04.01 (GPT-OSS-120B re-measured on five GPUs) within 15%; the dense coefficients are held."""
+    if CORPUS is None:
+        pytest.skip("no corpus")
+    corpus = load_corpus(CORPUS)
+    early = {"mbridge-perf-summary-25.11", "mbridge-perf-summary-26.02", "mbridge-perf-summary-26.02.01"}
+    train = corpus.only({r.id for r in corpus.expressed if not is_moe_row(r) or r.series in early})
+    res = fit(train, current(), moe=True)
+    assert {p.name for p in res.params} == {"moe_grouped_gemm_efficiency", "moe_alltoall_efficiency",
+                                            "moe_permutation_passes"}
+    assert res.coefficients.shared.gemm_efficiency == current().shared.gemm_efficiency  # dense held
+    held = [r for r in corpus.expressed if is_moe_row(r) and r.has_throughput and r.series not in early]
+    assert len(held) == 10
+    errs = [predict_row(r, res.coefficients.for_row(r)).tokens_per_s_per_gpu / r.tokens_per_s_per_gpu - 1 for r in held]
+    assert sum(abs(e) for e in errs) / len(errs) < 0.15

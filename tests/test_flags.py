@@ -38,6 +38,7 @@ VARIANTS = {
     "moe_permute_fusion": dict(moe_permute_fusion=True),
     "moe_shared_expert_overlap": dict(moe_shared_expert_overlap=True),
     "moe_capacity_factor": dict(moe_capacity_factor=1.25),
+    "moe_force_balance": dict(moe_force_balance=True),
     "sp": dict(sp=True),
     "first": dict(first=30),
     "last": dict(last=30),
@@ -64,7 +65,7 @@ VARIANTS = {
     "offload_modules": dict(offload_modules=("core_attn", "attn_proj")),
 }
 # Layout fields that are numerics, not layout, by their flags' class: --bf16 / --fp16 change the arithmetic.
-NUMERICS_FIELDS = {"precision", "moe_capacity_factor"}  # dropping tokens changes the loss (issue 14)
+NUMERICS_FIELDS = {"precision", "moe_capacity_factor", "moe_force_balance"}  # dropping or re-routing tokens changes the loss
 
 
 def _flags_of(owner: str, name: str) -> list[FlagSpec]:

@@ -54,9 +54,11 @@ def test_moe_families_and_tiny_models():
     for tiny in ("tiny-qwen3-moe", "tiny-qwen3.5-moe"):
         m = load_model(tiny)
         assert m.moe is not None and m.total_params < 5e6
-    with pytest.raises(ModelError, match="not modelled"):
+    with pytest.raises(ModelError, match="num_experts_per_tok"):
         from_hf_config({"model_type": "deepseek_v3", "n_routed_experts": 256})
-    with pytest.raises(ModelError, match="dense layers"):
+    with pytest.raises(ModelError, match="not modelled"):
+        from_hf_config({"model_type": "olmoe", "num_experts": 8, "num_experts_per_tok": 2})
+    with pytest.raises(ModelError, match="dense MLP width"):
         from_hf_config({"model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2,
                         "moe_intermediate_size": 8, "mlp_only_layers": [0], "hidden_size": 16,
                         "num_attention_heads": 2, "num_hidden_layers": 2, "vocab_size": 10})

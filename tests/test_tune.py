@@ -54,7 +54,7 @@ def test_space_domains_fixed_and_baseline_round_trip(qwen, h200x8, slime, seed_c
 def test_spaces_are_package_data(tmp_path, monkeypatch):
     # found through importlib.resources, not the checkout: works from any directory and from a wheel
     monkeypatch.chdir(tmp_path)
-    assert bundled_spaces() == ["dense", "moe", "small"]  # moe: issue 14
+    assert bundled_spaces() == ["dense", "moe", "small", "small-moe"]  # moe, small-moe: issue 14
     files = {f.name for f in resources.files("attune.search.spaces").iterdir()}
     assert {"dense.yaml", "small.yaml"} <= files
     assert load_space(None).name == "dense" and load_space("small").name == "small"

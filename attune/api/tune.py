@@ -89,6 +89,8 @@ def tune_config(*, model: str, gpus: str, runner: str = "sim", trial_kind: str =
     default_space = caps.default_search_space
     if m.moe is not None and default_space in (None, "dense"):
         default_space = "moe"  # MoE models: EP, ETP and the dispatcher on top of the dense knobs (issue 14)
+    elif m.moe is not None and default_space == "small":
+        default_space = "small-moe"  # the small space plus EP (the torch runner's EP, issue 14)
     space = load_space(search_space or default_space)
     opts = {}
     if caps.needs_cluster_file:

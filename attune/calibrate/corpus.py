@@ -22,6 +22,7 @@ from attune.spec.engine import ENGINES, Engine, get_engine
 from attune.spec.hardware import GPUS, GiB, parse_cluster
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec, from_geometry, load_model
+from attune.spec.moe import MOE_FAMILIES
 from attune.spec.rules import check
 
 CORPUS_FILES = ("dense.yaml", "moe.yaml", "memory.yaml")
@@ -194,6 +195,18 @@ def _layout(row: dict, model: ModelSpec, engine: Engine, assumptions: list[str])
         account, first, last = dict(account_for_embedding=True, account_for_loss=True), None, None
         assumptions.append(f"layer split: {model.num_layers} layers + embedding + loss over PP {pp} x VPP {v_} "
                            f"(account-for-embedding/loss-in-pipeline-split) [assumed]")
+    stages = pp * v_
+    if stages > 1 and model.num_layers % stages and not account and first is None:
+        # an uneven split the row does not spell out: the Megatron-Bridge DeepSeek-V3 recipes' shape, every virtual
+        # stage ceil(layers / stages) layers (the first with the embedding), the last the rest with the loss
+        # (61 layers on 16 stages: Et*4|(t*4|)*14t*1L) [recalled from Megatron-Bridge, unverified]
+        n_ = -(-model.num_layers // stages)
+        rest = model.num_layers - n_ * (stages - 1)
+        if rest >= 1:
+            text = f"Et*{n_}|" + (f"(t*{n_}|)*{stages - 2}" if stages > 2 else "") + f"t*{rest}L"
+            account = dict(pipeline_layout=text)
+            assumptions.append(f"pipeline layout: not stated, {text} (the Megatron-Bridge DeepSeek-V3 recipes' uneven "
+                               f"split) [assumed]")
     try:
         layout = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vpp=int(vpp), sp=bool(sp), micro_batch_size=int(mbs), first=first, last=last,
                         distributed_optimizer=bool(dist), precision=precision, **stated, **account,
@@ -254,9 +267,10 @@ def _series(row: dict) -> str:
     return "-".join(str(row["id"]).split("-")[:3])
 
 
-# MoE corpus models attune bundles (issue 14): the corpus name -> the bundled model. Others (DeepSeek-V3 / Kimi K2:
-# MLA; GPT-OSS: sliding-window attention with sinks; Nemotron 3: Mamba hybrids) are listed as not modelled.
-MOE_MODELS = {"qwen3_235b_a22b": "Qwen3-235B-A22B", "qwen3_30b_a3b": "Qwen3-30B-A3B"}
+# MoE corpus models attune bundles (issue 14): the corpus name -> the bundled model. Others (DeepSeek-V4, Nemotron 3:
+# Mamba hybrids; DeepSeek-V3 rows that train the MTP layer: all low precision) are listed as not modelled.
+MOE_MODELS = {"qwen3_235b_a22b": "Qwen3-235B-A22B", "qwen3_30b_a3b": "Qwen3-30B-A3B", "gpt oss 120b": "GPT-OSS-120B",
+              "deepseekv3 (w/o mtp)": "DeepSeek-V3", "kimi_k2": "Kimi-K2"}
 
 
 def _moe_layout(row: dict, layout: Layout, model: ModelSpec, engine: Engine, wl: Workload,
@@ -268,13 +282,108 @@ def _moe_layout(row: dict, layout: Layout, model: ModelSpec, engine: Engine, wl:
         etp = 1
         assumptions.append("etp: not stated, 1 (the Megatron-Bridge Qwen3 MoE recipes' expert_tensor_parallel_size) [assumed]")
     assumptions.append("MoE: alltoall dispatcher, grouped GEMM, permute fusion (Megatron-Bridge MoE performance "
-                       "recipes) [assumed]; the source force-balances tokens over experts")
+                       "recipes) [assumed]")
+    balanced = "tokendrop" not in str(row.get("id"))
+    if balanced:
+        assumptions.append("MoE: tokens force-balanced over the experts (--moe-router-force-load-balancing; the source: "
+                           "'we force-balance the token distribution among experts')")
     try:
         lay = Layout(**{**layout.to_dict(), "ep": ep, "etp": int(etp), "moe_dispatcher": "alltoall",
-                        "moe_grouped_gemm": True, "moe_permute_fusion": True})
+                        "moe_grouped_gemm": True, "moe_permute_fusion": True, "moe_force_balance": balanced})
     except UserInputError as e:
         raise _Unexpressed(f"layout: {e}") from None
     broken = check(lay, model, lay.world_size, wl, engine)
+    if broken:
+        raise _Unexpressed(f"layout rule: {broken[0]}")
+    return layout, wl
+
+
+def _throughput(row: dict) -> float:
+    d = row.get("derived") or {}
+    if d.get("tokens_per_s_per_gpu"):
+        return float(d["tokens_per_s_per_gpu"])
+    m = row.get("measured") or {}
+    if m.get("metric") == "tokens_per_s_per_gpu" and m.get("value"):  # the MoE rows state it as the measurement
+        return float(m["value"])
+    if m.get("metric") == "step_time_s" and m.get("value"):
+        # tokens/s/GPU = global batch x sequence length / step time / GPUs (README "derived")
+        return float(_need(row, "global_batch")) * float(_need(row, "seq_len")) / float(m["value"]) / float(
+            _need(row, "num_gpus"))
+    raise _Unexpressed("missing field: derived.tokens_per_s_per_gpu (and no step time)")
+
+
+def _gib(value_gb: float) -> float:
+    return value_gb * 1e9 / GiB
+
+
+def _memory(mem: dict) -> MemoryObservation:
+    metric = str(mem.get("metric") or "")
+    fits = mem.get("fits")
+    fits = None if fits is None else bool(fits)
+    if "params_grads_optimizer_GiB" in mem or "activations_GiB" in mem:
+        comps = {}
+        if mem.get("params_grads_optimizer_GiB"):
+            comps["states"] = float(mem["params_grads_optimizer_GiB"])
+        if mem.get("activations_GiB"):
+            comps["activations"] = float(mem["activations_GiB"])
+        stage = 0 if "first pipeline stage" in metric else None
+        return MemoryObservation(fits=fits, stage=stage, components_gib=comps, metric=metric)
+    if "peak_memory_usage" in metric:
+        # NeMo's MegatronStrategy logs peak_memory_usage = torch.cuda.max_memory_reserved() with
+        # log_memory_usage on; its memory_allocated is the allocation at the step's end, not a peak
+        gib = mem.get("value_GiB") or (mem.get("value_bytes") and mem["value_bytes"] / GiB)
+        return MemoryObservation(fits=fits, peak_reserved_gib=float(gib) if gib else None, metric=metric)
+    if "peak allocated" in metric.lower() and mem.get("value"):
+        return MemoryObservation(fits=fits, peak_allocated_gib=_gib(float(mem["value"])), metric=metric)
+    return MemoryObservation(fits=fits, metric=metric)
+
+
+def _series(row: dict) -> str:
+    """The row's series; memory rows name none: their id's first three parts (``mem-korthikanti2022-fig1``)."""
+    if row.get("series"):
+        return str(row["series"])
+    return "-".join(str(row["id"]).split("-")[:3])
+
+
+# MoE corpus models attune bundles (issue 14): the corpus name -> the bundled model. Others (DeepSeek-V4, Nemotron 3:
+# Mamba hybrids; DeepSeek-V3 rows that train the MTP layer: all low precision) are listed as not modelled.
+MOE_MODELS = {"qwen3_235b_a22b": "Qwen3-235B-A22B", "qwen3_30b_a3b": "Qwen3-30B-A3B", "gpt oss 120b": "GPT-OSS-120B",
+              "deepseekv3 (w/o mtp)": "DeepSeek-V3", "kimi_k2": "Kimi-K2"}
+
+
+def _moe_layout(row: dict, layout: Layout, model: ModelSpec, engine: Engine, wl: Workload,
+                assumptions: list[str]) -> Layout:
+    """The row's expert parallel sizes on top of its dense layout."""
+    ep = int(row.get("ep") or 1)
+    etp = row.get("etp")
+    if etp is None:
+        etp = 1
+        assumptions.append("etp: not stated, 1 (the Megatron-Bridge Qwen3 MoE recipes' expert_tensor_parallel_size) [assumed]")
+    assumptions.append("MoE: alltoall dispatcher, grouped GEMM, permute fusion (Megatron-Bridge MoE performance "
+                       "recipes) [assumed]")
+    balanced = "tokendrop" not in str(row.get("id"))
+    if balanced:
+        assumptions.append("MoE: tokens force-balanced over the experts (--moe-router-force-load-balancing; the source: "
+                           "'we force-balance the token distribution among experts')")
+    try:
+        lay = Layout(**{**layout.to_dict(), "ep": ep, "etp": int(etp), "moe_dispatcher": "alltoall",
+                        "moe_grouped_gemm": True, "moe_permute_fusion": True, "moe_force_balance": balanced})
+    except UserInputError as e:
+        raise _Unexpressed(f"layout: {e}") from None
+    broken = check(lay, model, lay.world_size, wl, engine)
+    stages = lay.pp * (lay.vpp or 1)
+    if broken and stages > 1 and model.num_layers % stages and lay.pipeline_layout is None:
+        # an uneven split the row does not spell out: the Megatron-Bridge DeepSeek-V3 recipes' shape, every virtual
+        # stage ceil(layers / stages) layers (the first with the embedding), the last the rest with the loss
+        # (61 layers on 16 stages: Et*4|(t*4|)*14tL) [recalled from Megatron-Bridge, unverified]
+        n = -(-model.num_layers // stages)
+        rest = model.num_layers - n * (stages - 1)
+        if rest >= 1:
+            text = f"Et*{n}|" + (f"(t*{n}|)*{stages - 2}" if stages > 2 else "") + f"t*{rest}L"
+            assumptions.append(f"pipeline layout: not stated; {text} (the Megatron-Bridge DeepSeek-V3 recipes' "
+                               f"uneven split) [assumed]")
+            lay = Layout(**{**lay.to_dict(), "pipeline_layout": text})
+            broken = check(lay, model, lay.world_size, wl, engine)
     if broken:
         raise _Unexpressed(f"layout rule: {broken[0]}")
     return lay
@@ -299,8 +408,8 @@ def read_row(row: dict, file: str) -> CorpusRow:
         is_moe = bool(g.get("moe") or file == "moe.yaml" or g.get("experts") or (row.get("ep") or 1) > 1)
         bundled = MOE_MODELS.get(str(g.get("name") or "").strip().lower()) if is_moe else None
         if is_moe and bundled is None:
-            raise _Unexpressed(f"not modelled: MoE model {g.get('name')} (bundled MoE families: qwen3_moe, qwen3_next, "
-                               f"qwen3_5_moe, mixtral)")
+            raise _Unexpressed(f"not modelled: MoE model {g.get('name')} (modelled MoE families: "
+                               f"{', '.join(MOE_FAMILIES)})")
         if pc is None:
             raise _Unexpressed("missing field: precision_class")
         key = _gpu_key(str(row.get("gpu") or ""))

@@ -106,14 +106,20 @@ def source_values() -> CoefficientSet:
     return CoefficientSet(shared=Coefficients())
 
 
-def fit_params(corpus: Corpus, start: CoefficientSet | None = None) -> list[FitParam]:
-    """The free values: fields with ``bounds``, per generation present in the corpus where ``per_generation``."""
+def is_moe_row(r: CorpusRow) -> bool:
+    """The row's model is a mixture of experts (its error is fitted by the MoE coefficients only)."""
+    return r.model is not None and r.model.moe is not None
+
+
+def fit_params(corpus: Corpus, start: CoefficientSet | None = None, moe: bool = False) -> list[FitParam]:
+    """The free values: fields with ``bounds``, per generation present in the corpus where ``per_generation``;
+    the dense fields (``moe`` False) or the MoE kernels' fields (``moe`` True, generations of the MoE rows)."""
     start = start or source_values()
-    gens = [g for g in GENERATIONS if any(r.generation == g for r in corpus.expressed)]
+    gens = [g for g in GENERATIONS if any(r.generation == g and is_moe_row(r) == moe for r in corpus.expressed)]
     out = []
     for f in dataclasses.fields(Coefficients):
         b = f.metadata.get("bounds")
-        if not b:
+        if not b or bool(f.metadata.get("moe")) != moe:
             continue
         lo, hi = float(b[0]), float(b[1])
         unit = str(f.metadata.get("unit", ""))
@@ -221,17 +227,17 @@ class FitResult:
 
 
 def fit(corpus: Corpus, start: CoefficientSet | None = None, params: Sequence[FitParam] | None = None,
-        max_evaluations: int = 400) -> FitResult:
-    """Fit the bounded coefficients to every expressed row of ``corpus`` (the seed included when present),
-    starting from ``start`` (default: the fields' source values)."""
+        max_evaluations: int = 400, moe: bool = False) -> FitResult:
+    """Fit the bounded coefficients to the expressed rows of ``corpus`` (the seed included when present),
+    starting from ``start`` (default: the fields' source values): the dense fields to the dense rows, or with
+    ``moe`` the MoE kernels' fields to the MoE rows (the dense fields held at ``start``), so a MoE row's error
+    never pulls the shared dense coefficients of its GPU generation."""
     start = start or source_values()
-    # dense rows only: the MoE terms (grouped GEMM, all-to-all, load imbalance) are not fitted yet (issue 14), and
-    # a MoE row's error must not pull the shared dense coefficients of its GPU generation
-    rows = [r for r in corpus.expressed if (r.has_throughput or (r.memory is not None))
-            and not (r.model is not None and r.model.moe is not None)]
+    rows = [r for r in corpus.expressed if (r.has_throughput or (r.memory is not None)) and is_moe_row(r) == moe]
     if not rows:
-        raise FitError(f"corpus {corpus.directory}: no expressed row with a throughput or a memory observation")
-    params = list(params) if params is not None else fit_params(corpus, start)
+        raise FitError(f"corpus {corpus.directory}: no expressed {'MoE' if moe else 'dense'} row with a throughput "
+                       f"or a memory observation")
+    params = list(params) if params is not None else fit_params(corpus, start, moe=moe)
     if not params:
         raise FitError("no coefficient declares bounds in its metadata: nothing to fit")
     w = _weights(rows)
@@ -261,6 +267,22 @@ def fit(corpus: Corpus, start: CoefficientSet | None = None, params: Sequence[Fi
         scores=tuple(scores(preds)), cost=float(sol.cost), start_cost=0.5 * float(r0 @ r0),
         message=str(sol.message), evaluations=int(sol.nfev),
     )
+
+
+def fit_all(corpus: Corpus, start: CoefficientSet | None = None) -> FitResult:
+    """The dense fit, then (when the corpus has expressed MoE rows) the MoE kernels' fit on top of it: one
+    result holding both (params, values, rows and scores of the two, costs summed)."""
+    dense = fit(corpus, start)
+    if not any(is_moe_row(r) and r.has_throughput for r in corpus.expressed):
+        return dense
+    m = fit(corpus, dense.coefficients, moe=True)
+    cs = m.coefficients
+    fitted = set(dense.rows + m.rows)
+    preds = [predict_row(r, cs.for_row(r)) for r in corpus.expressed if r.id in fitted]
+    return FitResult(params=dense.params + m.params, values=dense.values + m.values, coefficients=m.coefficients,
+                     rows=dense.rows + m.rows, series=tuple(dict.fromkeys(dense.series + m.series)),
+                     scores=tuple(scores(preds)), cost=dense.cost + m.cost, start_cost=dense.start_cost + m.start_cost,
+                     message=f"dense: {dense.message} MoE: {m.message}", evaluations=dense.evaluations + m.evaluations)
 
 
 def leave_one_series_out(corpus: Corpus, series: str, start: CoefficientSet | None = None

@@ -167,11 +167,21 @@ def score(series: str, preds: Sequence[Prediction]) -> SeriesScore:
 
 
 def scores(preds: Sequence[Prediction]) -> list[SeriesScore]:
-    """One score per series (in first-seen order), then ``overall``."""
+    """One score per series (in first-seen order); when MoE rows are present, one per MoE model (``MoE <model>``)
+    and the dense and MoE rows apart (``dense``, ``MoE``); then ``overall``."""
     by: dict[str, list[Prediction]] = {}
     for p in preds:
         by.setdefault(p.row.series, []).append(p)
-    return [score(s, ps) for s, ps in by.items()] + [score("overall", list(preds))]
+    out = [score(s, ps) for s, ps in by.items()]
+    moe = [p for p in preds if p.row.model is not None and p.row.model.moe is not None]
+    if moe:
+        per_model: dict[str, list[Prediction]] = {}
+        for p in moe:
+            per_model.setdefault(p.row.model.name, []).append(p)
+        out += [score(f"MoE {name}", ps) for name, ps in per_model.items()]
+        moe_ids = {id(p) for p in moe}
+        out += [score("dense", [p for p in preds if id(p) not in moe_ids]), score("MoE", moe)]
+    return out + [score("overall", list(preds))]
 
 
 # ---------------------------------------------------------------------- tables and the parity plot

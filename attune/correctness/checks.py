@@ -55,11 +55,18 @@ def optimizer_config(layout: Layout) -> str:
 
 
 def component_shapes(model: ModelSpec) -> tuple[dict, str]:
-    """Parameter shapes of one of the model's attention decoder layers, and a label describing them."""
-    shapes = decoder_layer_shapes(model.hidden, model.ffn, model.heads, model.kv_heads, model.head_dim,
+    """Parameter shapes of one of the model's attention decoder layers, and a label describing them. An MoE
+    layer (``model.ffn`` 0: every MLP is routed) is its attention, one routed expert's SwiGLU and the router."""
+    moe = model.moe
+    ffn = moe.expert_ffn if moe is not None else model.ffn
+    shapes = decoder_layer_shapes(model.hidden, ffn, model.heads, model.kv_heads, model.head_dim,
                                   qk_norm=bool(model.qk_norm), attention_output_gate=bool(model.attn_output_gate),
                                   bias=bool(model.attn_bias))
-    label = (f"one {model.name} attention decoder layer: hidden {model.hidden}, FFN {model.ffn}, "
+    mlp = f"FFN {ffn}"
+    if moe is not None:
+        shapes["mlp.gate.weight"] = (moe.experts, model.hidden)  # the router (HF name: gate)
+        mlp = f"one routed expert of FFN {ffn} and the {moe.experts}-expert router"
+    label = (f"one {model.name} attention decoder layer: hidden {model.hidden}, {mlp}, "
              f"{model.heads} heads / {model.kv_heads} KV heads of {model.head_dim}; {describe_shapes(shapes)}")
     return shapes, label
 

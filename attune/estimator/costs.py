@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from attune.spec.engine import Engine
-from attune.spec.model import FULL, LINEAR, ModelSpec
+from attune.spec.model import FULL, LINEAR, SLIDING, DENSE, ModelSpec, mixer_of
 
 BF16 = 2  # bytes per bf16/fp16 element
 FP32 = 4  # bytes per fp32 element
@@ -80,26 +80,95 @@ def _te_norm_linear(T: float, m: ModelSpec, hd: int, where: str) -> list[Saved]:
             Saved(f"{where} norm statistics (fp32)", T * FP32 * _norm_stats(m) / hd)]
 
 
-def _te_mlp(T: float, m: ModelSpec, t: int, hd: int) -> list[Saved]:
+def _fc1(m: ModelSpec, f: int) -> int:
+    """Output width of the first MLP projection of an MLP of width ``f``."""
+    return (2 if m.mlp_gated else 1) * f
+
+
+def _te_mlp(T: float, m: ModelSpec, t: int, hd: int, f: int) -> list[Saved]:
     # fc1 output: the activation's input. megatron-core fused bias_swiglu / bias_gelu save their input
     # (megatron/core/fusions/fused_bias_swiglu.py, fused_bias_gelu.py: ctx.save_for_backward(input, bias));
     # squared ReLU (megatron/core/activations.py squared_relu = pow(relu(x), 2)) needs x as well.
     # fc2 input: the activation's output, saved by the row-parallel linear for its wgrad.
+    # ``f``: the MLP width of the layer kind (an MoE layer's shared expert, a dense layer's intermediate_size)
     return _te_norm_linear(T, m, hd, "MLP") + [
-        Saved(f"fc1 output = {m.mlp} input ({m.fc1_width // t} wide)", T * BF16 * m.fc1_width / t),
-        Saved(f"{m.mlp} output = fc2 input ({m.ffn // t} wide)", T * BF16 * m.ffn / t),
+        Saved(f"fc1 output = {m.mlp} input ({_fc1(m, f) // t} wide)", T * BF16 * _fc1(m, f) / t),
+        Saved(f"{m.mlp} output = fc2 input ({f // t} wide)", T * BF16 * f / t),
     ]
 
 
-def _mlp_bwd_work(T: float, m: ModelSpec, t: int) -> float:
+def _mlp_bwd_work(T: float, m: ModelSpec, t: int, f: int) -> float:
     """Gradients alive during the MLP backward: d(fc2 input), d(fc1 output)."""
-    return T * BF16 * (m.ffn + m.fc1_width) / t
+    return T * BF16 * (f + _fc1(m, f)) / t
 
 
-def _full(m: ModelSpec, e: Engine, s: Shape) -> LayerCost:
+def attended_keys(m: ModelSpec, kind: str, seq: int) -> float:
+    """Keys one query attends to on average in a causal packed row of ``seq`` tokens: seq / 2 over the whole
+    context; over a sliding window w < seq, min(i + 1, w) averaged over positions i = w - w(w - 1) / (2 seq)
+    (about w: min(window, context), not the full context). FlashAttention skips the blocks outside the window
+    (flash_attn window_size; TE's sliding-window mask), so the FLOPs follow the attended keys."""
+    base = kind[: -len(DENSE)] if kind.endswith(DENSE) else kind
+    if base == SLIDING and m.window and m.window < seq:
+        w = m.window
+        return w - w * (w - 1) / (2 * seq)
+    return seq / 2
+
+
+def _mla_mixer(m: ModelSpec, T: float, t: int, hd: int) -> tuple[list[Saved], tuple, float, float, int]:
+    """Multi-head latent attention (megatron-core MLASelfAttention, attune.spec.mla): the named saved tensors,
+    the forward GEMMs, the per-head q/k and v widths fed to attention, and the heads."""
+    a, h, H = m.mla, m.hidden, m.heads
+    dqk, dv = a.qk_head_dim, a.v_head_dim
+    kv_lat = a.kv_lora_rank + a.qk_rope_head_dim  # kv_a_proj_with_mqa output: latent + shared rotary key
+    saved = [
+        # input_layernorm is a TENorm (the down projections are plain TE Linears, not LayerNormLinear): it saves its
+        # input and statistics; its output is the q and kv down projections' shared input (saved once)
+        Saved("MLA input norm input (TENorm)", T * BF16 * h / hd),
+        Saved("MLA input norm statistics (fp32)", T * FP32 * _norm_stats(m) / hd),
+        Saved("MLA q/kv down-projection input (norm output; TP-replicated linears, local sequence shard)",
+              T * BF16 * h / hd),
+    ]
+    if a.q_lora_rank:
+        # q latent: gathered over SP, then linear_q_up_proj = TE LayerNormLinear (q_a_layernorm fused) saves its
+        # input, its norm output and statistics; full sequence on every TP rank (the latent is not split)
+        saved += [Saved("q latent (q_a_layernorm input, TE LayerNormLinear inputmat)", T * BF16 * a.q_lora_rank),
+                  Saved("q latent normalised (q up-projection input)", T * BF16 * a.q_lora_rank),
+                  Saved("q latent norm statistics (fp32)", T * FP32)]
+    saved += [
+        # compressed kv latent: linear_kv_up_proj = TE LayerNormLinear (kv_a_layernorm fused) keeps its input and
+        # norm output; the rotary key part (qk_rope wide) is kept for the fused rotary's backward
+        Saved("compressed kv latent (kv_a_layernorm input)", T * BF16 * a.kv_lora_rank),
+        Saved("compressed kv latent normalised (kv up-projection input)", T * BF16 * a.kv_lora_rank),
+        Saved("kv latent norm statistics (fp32)", T * FP32),
+        Saved("shared rotary key k_pe (qk_rope wide)", T * BF16 * a.qk_rope_head_dim),
+        # FlashAttention on the up-projected q, k (qk_nope + qk_rope per head) and v (v_head per head)
+        Saved(f"FlashAttention q, k, v after up-projection (q/k head dim {dqk}, v head dim {dv})",
+              T * BF16 * H * (2 * dqk + dv) / t),
+        Saved("FlashAttention output (also the out-projection input)", T * BF16 * H * dv / t),
+        Saved("FlashAttention softmax log-sum-exp (fp32, per head)", T * FP32 * H / t),
+    ]
+    Tl = T / hd  # the down projections run on the local sequence shard, replicated across TP (not split)
+    q_up_in = a.q_lora_rank or h
+    gemm = []
+    if a.q_lora_rank:
+        gemm.append((2 * Tl * h * a.q_lora_rank, min(Tl, h, a.q_lora_rank)))
+    gemm += [
+        (2 * T * q_up_in * H * dqk / t, min(T, q_up_in, H * dqk / t)),
+        (2 * Tl * h * kv_lat, min(Tl, h, kv_lat)),
+        (2 * T * a.kv_lora_rank * H * (a.qk_nope_head_dim + dv) / t,
+         min(T, a.kv_lora_rank, H * (a.qk_nope_head_dim + dv) / t)),
+        (2 * T * H * dv * h / t, min(T, h, H * dv / t)),
+    ]
+    return saved, tuple(gemm), dqk, dv, H
+
+
+def _full(m: ModelSpec, e: Engine, s: Shape, kind: str = FULL) -> LayerCost:
+    if m.mla is not None:
+        return _mla(m, e, s, kind)
     t, T, h = s.tp, s.tokens, m.hidden
     hd = t if s.sp else 1  # hidden-sized tensors are sequence-sharded only with SP
     q, kv = m.q_dim, m.kv_dim
+    f = m.mlp_width(kind)
     gate = m.attn_output_gate
     saved = _te_norm_linear(T, m, hd, "attention")
     if m.qk_norm:
@@ -137,17 +206,18 @@ def _full(m: ModelSpec, e: Engine, s: Shape) -> LayerCost:
         # operands (the core output is the FlashAttention output above); the product feeds the out-projection
         saved += [Saved("output-gate sigmoid output", T * BF16 * q / t),
                   Saved("gated attention output (out-projection input)", T * BF16 * q / t)]
-    saved += _te_mlp(T, m, t, hd)
+    saved += _te_mlp(T, m, t, hd, f)
     q_out = q * (2 if gate else 1)
-    mlp_n = m.fc1_width
+    mlp_n = _fc1(m, f)
     gemm = (
         (2 * T * h * (q_out + 2 * kv) / t, min(T, h, (q_out + 2 * kv) / t)),
         (2 * T * q * h / t, min(T, h, q / t)),
         (2 * T * h * mlp_n / t, min(T, h, mlp_n / t)),
-        (2 * T * m.ffn * h / t, min(T, h, m.ffn / t)),
+        (2 * T * f * h / t, min(T, h, f / t)),
     )
-    # causal attention: 2 GEMMs (QK^T, PV) over half the context on average (Megatron's 6*q*L counts fwd+bwd)
-    attn = 2 * T * q * s.seq / t
+    # causal attention: 2 GEMMs (QK^T, PV), 2 FLOPs per multiply-add, over the attended keys (half the context
+    # on average; about the window for sliding-window layers): Megatron's 6*q*L counts fwd+bwd
+    attn = 4 * T * q * attended_keys(m, kind, s.seq) / t
     # backward: FlashAttention's dq, dk, dv, d(out) plus its fp32 dq accumulator; or the MLP's gradients; plus the
     # incoming and outgoing residual-stream gradients and, under SP, the re-gathered full-sequence GEMM input
     attn_work = T * (BF16 * (2 * q + 2 * kv) + FP32 * q) / t
@@ -155,8 +225,8 @@ def _full(m: ModelSpec, e: Engine, s: Shape) -> LayerCost:
         # the unfused backward materialises the gradients of the dropped-out probabilities and of the scores
         attn_work += 2 * BF16 * (T / s.seq) * m.heads * s.seq * s.seq / t
     sp_gather = T * BF16 * h * (hd > 1)
-    work = max(attn_work, _mlp_bwd_work(T, m, t)) + 2 * T * BF16 * h / hd + sp_gather
-    p = m.full_layer()
+    work = max(attn_work, _mlp_bwd_work(T, m, t, f)) + 2 * T * BF16 * h / hd + sp_gather
+    p = m.kind_params(kind)
     kv_cp = (s.cp - 1) * 2 * T * kv * BF16 / t if s.cp > 1 else 0.0  # ring KV exchange per GPU
     n_coll = (4 if s.sp else 2) if t > 1 else 0
     # backward under SP: 2 reduce-scatters (column dgrad) + 2 all-gathers (row output grads); the 2 all-gathers
@@ -170,8 +240,42 @@ def _full(m: ModelSpec, e: Engine, s: Shape) -> LayerCost:
     )
 
 
-def _gdn(m: ModelSpec, e: Engine, s: Shape) -> LayerCost:
+def _mla(m: ModelSpec, e: Engine, s: Shape, kind: str) -> LayerCost:
+    """A multi-head-latent-attention layer (DeepSeek-V3, Kimi K2) with its MLP: MLA saved tensors, GEMMs and
+    attention FLOPs with q/k head dim qk_nope + qk_rope and v head dim v_head; the down projections are
+    replicated across TP (megatron-core MLA ``parallel_mode='duplicated'``)."""
     t, T, h = s.tp, s.tokens, m.hidden
+    hd = t if s.sp else 1
+    f = m.mlp_width(kind)
+    saved, mix_gemm, dqk, dv, H = _mla_mixer(m, T, t, hd)
+    if e.hidden_dropout_masks:
+        saved.append(Saved("hidden-dropout masks after attention and MLP (1 byte each)", 2 * T * h / hd))
+    saved += _te_mlp(T, m, t, hd, f)
+    mlp_n = _fc1(m, f)
+    gemm = mix_gemm + ((2 * T * h * mlp_n / t, min(T, h, mlp_n / t)), (2 * T * f * h / t, min(T, h, f / t)))
+    # QK^T over dqk and PV over dv per head, 2 FLOPs per multiply-add, over the attended keys
+    attn = 2 * T * H * (dqk + dv) * attended_keys(m, kind, s.seq) / t
+    # backward: dq, dk (dqk wide), dv, d(out) (dv wide) plus the fp32 dq accumulator
+    attn_work = T * (BF16 * H * (2 * dqk + 2 * dv) + FP32 * H * dqk) / t
+    sp_gather = T * BF16 * h * (hd > 1)
+    work = max(attn_work, _mlp_bwd_work(T, m, t, f)) + 2 * T * BF16 * h / hd + sp_gather
+    p = m.kind_params(kind)
+    # CP: megatron-core MLA runs the ring over the up-projected k and v (dqk and dv wide per head)
+    kv_cp = (s.cp - 1) * T * H * (dqk + dv) * BF16 / t if s.cp > 1 else 0.0
+    # TP collectives as for attention [approximation: under SP the all-gathers before the up projections move
+    # the q and kv latents (q_lora + kv_lora + qk_rope wide, not hidden), counted at the hidden width]
+    n_coll = (4 if s.sp else 2) if t > 1 else 0
+    rep = p.mixer_replicated
+    return LayerCost(
+        saved=tuple(saved), input_bytes=T * BF16 * h / hd, bwd_work_bytes=work, gemm=gemm, attn_flops=attn,
+        gdn_flops=0.0, tp_coll_fwd=n_coll, tp_coll_bwd=n_coll, tp_coll_bytes=BF16 * T * h, tp_allreduce=not s.sp,
+        cp_bytes=kv_cp, params_on_gpu=(p.matrix - rep) / t + rep + p.vectors,
+    )
+
+
+def _gdn(m: ModelSpec, e: Engine, s: Shape, kind: str = LINEAR) -> LayerCost:
+    t, T, h = s.tp, s.tokens, m.hidden
+    f = m.mlp_width(kind)
     hd = t if s.sp else 1
     rep = e.gdn_replicated
     mix_t = 1 if rep else t  # slime: the GDN mixer is not split by TP ...
@@ -212,14 +316,14 @@ def _gdn(m: ModelSpec, e: Engine, s: Shape) -> LayerCost:
         Saved("gated-norm output (out_proj input)", Tm * BF16 * vd),
     ]
     saved += [Saved(x.name, x.bytes / mix_t) for x in per_head]
-    saved += _te_mlp(T, m, t, hd)
+    saved += _te_mlp(T, m, t, hd, f)
     in_n = conv + vd + 2 * vh
-    mlp_n = m.fc1_width
+    mlp_n = _fc1(m, f)
     gemm = (
         (2 * Tm * h * in_n / mix_t, min(Tm, h, in_n / mix_t)),
         (2 * Tm * vd * h / mix_t, min(Tm, h, vd / mix_t)),
         (2 * T * h * mlp_n / t, min(T, h, mlp_n / t)),
-        (2 * T * m.ffn * h / t, min(T, h, m.ffn / t)),
+        (2 * T * f * h / t, min(T, h, f / t)),
     )
     C = GDN_CHUNK
     per_head_flops = 6 * dk * dv + 2 * C * (3 * dk + 2 * dv) + C * C / 3  # slime-and-qwen.md 4.4
@@ -229,12 +333,12 @@ def _gdn(m: ModelSpec, e: Engine, s: Shape) -> LayerCost:
     # gradients of the mixer's saved tensors (about their own size); or the MLP's gradients
     states = 2 * Tm * BF16 * vh * dk * dv / C / mix_t
     mixer_saved = sum(x.bytes for x in per_head) / mix_t
-    p = m.gdn_layer()
+    p = m.kind_params(kind)
     # slime's HF GDN linears are plain nn.Linear: no TE gradient-accumulation fusion, so autograd materialises a
     # bf16 .grad of the mixer weights before Megatron's DDP backward hook adds it into main_grad and frees it
     # (megatron/core/distributed/distributed_data_parallel.py _make_backward_post_hook)
     wgrad = BF16 * p.mixer_matrix if rep else 0.0
-    work = (max(states + mixer_saved + wgrad, _mlp_bwd_work(T, m, t)) + 2 * T * BF16 * h / hd
+    work = (max(states + mixer_saved + wgrad, _mlp_bwd_work(T, m, t, f)) + 2 * T * BF16 * h / hd
             + T * BF16 * h * (hd > 1))
     if t > 1:
         # slime under SP: all-gather the input (fwd), all-gather the output grad (bwd) around the replicated
@@ -254,9 +358,11 @@ def _gdn(m: ModelSpec, e: Engine, s: Shape) -> LayerCost:
 
 @lru_cache(maxsize=4096)
 def layer_costs(m: ModelSpec, e: Engine, s: Shape) -> dict[str, LayerCost]:
-    out = {FULL: _full(m, e, s)}
-    if m.family == "qwen3_5":
-        out[LINEAR] = _gdn(m, e, s)
+    """One LayerCost per layer kind of the model (``ModelSpec.kinds``; FULL always, the reference kind)."""
+    out = {FULL: _full(m, e, s, FULL)}
+    for k in m.kinds:
+        if k not in out:
+            out[k] = _gdn(m, e, s, k) if mixer_of(k) == LINEAR else _full(m, e, s, k)
     return out
 
 

@@ -25,7 +25,7 @@ from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster, GiB
 from attune.spec.placement import Batching, Placement, place, stage_params
 from attune.spec.layout import Layout, Workload
-from attune.spec.model import FULL, LINEAR, ModelSpec
+from attune.spec.model import FULL, LINEAR, ModelSpec, mixer_of
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 """Bytes per element of the optimizer-state dtypes (``--exp-avg-dtype`` / ``--exp-avg-sq-dtype``)."""
@@ -314,38 +314,41 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload
         stored = 0.0  # activation bytes of one microbatch through all of this rank's chunks
         work = 0.0  # the backward working set of the worst layer
         rebuilt = 0.0  # bytes rebuilt at once during a recomputed backward
+        if selective:  # the reference kind's rebuilt set (also when a chunk holds none of it)
+            rebuilt = knob_terms.recompute_freed_bytes(full, FULL, layout, model, engine)
         for ch in st.chunks:
-            a, n_full, n_lin = ch.start, ch.full, ch.linear
-            kinds = [full] + ([costs[LINEAR]] if n_lin else [])
-            worst = max(k.act_bytes for k in kinds)
-            work = max(work, max(k.bwd_work_bytes for k in kinds))
+            a = ch.start
+            # (kind, layers) of the chunk: FULL / SLIDING / LINEAR and the dense-MLP kinds of MoE models
+            kinds = ch.kinds or tuple((k, n) for k, n in ((FULL, ch.full), (LINEAR, ch.linear)) if n)
+            present = [full] + [costs[k] for k, n in kinds if n and k != FULL]
+            worst = max(c.act_bytes for c in present)
+            work = max(work, max(c.bwd_work_bytes for c in present))
             if not rec_full:
                 # issue 15: selective recompute by module and activation offloading (attune.estimator.offload)
-                f_rec = knob_terms.recompute_freed_bytes(full, FULL, layout, model, engine) if selective else 0.0
-                f_off = knob_terms.offloaded_bytes(full, FULL, layout, model, engine)
-                stored += n_full * (full.act_bytes - f_rec - f_off)
-                rebuilt = max(rebuilt, f_rec)
-                kept_off = f_off if n_full else 0.0
-                if n_lin:
-                    lc = costs[LINEAR]
-                    l_rec = knob_terms.recompute_freed_bytes(lc, LINEAR, layout, model, engine) if selective else 0.0
-                    l_off = knob_terms.offloaded_bytes(lc, LINEAR, layout, model, engine)
-                    stored += n_lin * (lc.act_bytes - l_rec - l_off)
-                    rebuilt = max(rebuilt, l_rec)
-                    kept_off = max(kept_off, l_off)
+                kept_off = 0.0
+                for kind, n in kinds:
+                    c, mix = costs[kind], mixer_of(kind)
+                    k_rec = knob_terms.recompute_freed_bytes(c, mix, layout, model, engine) if selective else 0.0
+                    k_off = knob_terms.offloaded_bytes(c, mix, layout, model, engine)
+                    stored += n * (c.act_bytes - k_rec - k_off)
+                    rebuilt = max(rebuilt, k_rec)
+                    kept_off = max(kept_off, k_off)
                 stored += kept_off  # the chunk's last layer stays on the GPU (its backward follows at once)
                 continue
             n = ch.layers
             if layout.recompute_method == "block":
                 k = min(n_rec, n)  # the first k layers of each chunk keep only their input
-                f_rec, l_rec = model.count_types(a, a + k)
-                f_keep, l_keep = n_full - f_rec, n_lin - l_rec
+                rec = dict(model.count_kinds(a, a + k)) if k else {}
                 # activation offload acts on the layers that keep their activations (attune.estimator.offload)
-                f_off = knob_terms.offloaded_bytes(full, FULL, layout, model, engine) if f_keep else 0.0
-                l_off = knob_terms.offloaded_bytes(costs[LINEAR], LINEAR, layout, model, engine) if l_keep else 0.0
-                stored += (k * full.input_bytes
-                           + f_keep * (full.act_bytes - f_off)
-                           + (l_keep * (costs[LINEAR].act_bytes - l_off) if l_keep else 0) + max(f_off, l_off))
+                offs = [0.0]
+                for kind, nk in kinds:
+                    keep = nk - rec.get(kind, 0)
+                    if keep:
+                        c = costs[kind]
+                        off = knob_terms.offloaded_bytes(c, mixer_of(kind), layout, model, engine)
+                        stored += keep * (c.act_bytes - off)
+                        offs.append(off)
+                stored += k * full.input_bytes + max(offs)
                 if k:
                     rebuilt = max(rebuilt, worst)
             else:  # uniform: every group of n_rec layers keeps its input; a whole group is rebuilt in backward
@@ -354,7 +357,7 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload
                 rebuilt = max(rebuilt, min(n_rec, n) * worst)
         first, last = st.is_first, st.is_last
         params = stage_params(model, layout, r, lambda kind: costs[kind].params_on_gpu, st.ranges)
-        ex = moe_terms.stage_expert_params(model, layout, st.layers)
+        ex = moe_terms.stage_expert_params(model, layout, st.moe_layers)  # MoE layers only, not the dense ones
         inflight = st.inflight
         # backward transient: the layer being differentiated (rebuilt if recomputed) plus its gradient working
         # set; on the first stage the embedding's dense bf16 weight gradient (megatron-core
@@ -386,7 +389,8 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload
             host_optimizer_gib=(params * h_b + ex * eh_b) / GiB, inflight_microbatches=inflight, overheads=over,
             expert_params=ex, expert_weights_gib=ex * ew_b / GiB, expert_grads_gib=ex * eg_b / GiB,
             expert_optimizer_gib=ex * eo_b / GiB,
-            expert_activations_gib=act_scale * inflight * e_act * _stored_layers(layout, st) / GiB,
+            expert_activations_gib=(act_scale * inflight * e_act * _stored_layers(layout, st) / GiB
+                                    * (st.moe_layers / st.layers if st.layers else 0.0)),
         ))
     # host memory per node: GPUs of a node are spread over stages; take the mean stage times GPUs per node
     per_gpu_host = sum(s.host_optimizer_gib for s in stages) / len(stages)

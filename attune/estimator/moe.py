@@ -20,12 +20,12 @@ module adds what the routed experts bring (megatron-core ``MoELayer``: router ->
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from attune.estimator.costs import BF16, FP32, LayerCost, Saved, Shape
 from attune.spec.hardware import Cluster, GiB
 from attune.spec.layout import Layout
-from attune.spec.model import ModelSpec
+from attune.spec.model import ModelSpec, is_dense_kind
 from attune.spec.moe import expert_data_parallel
 
 __all__ = ["expert_data_parallel"]  # re-exported for performance.py
@@ -42,34 +42,14 @@ ROUTER_BYTES = {"fp32": FP32, "fp64": 8, None: BF16}
 INT32 = 4  # bytes of one permutation-map entry (row_id_map, int32: moe/moe_utils.py permute)
 
 
-@dataclass(frozen=True, kw_only=True)
-class MoECoefficients:
-    """The MoE-specific performance coefficients (unitless fractions); everything else is shared with dense
-    models (attune.estimator.coefficients)."""
-
-    grouped_gemm_efficiency: float = 0.85
-    """Grouped GEMM throughput over a single GEMM of the same per-expert shape [unverified prior; bounds
-    (0.5, 1.0): TE/cuBLASLt grouped GEMMs launch once for all local experts]."""
-    loop_gemm_efficiency: float = 0.6
-    """The same without ``--moe-grouped-gemm``: a Python loop of per-expert GEMMs with a launch each
-    [unverified prior; bounds (0.3, 1.0)]."""
-    alltoall_efficiency: float = 0.6
-    """Achieved all-to-all bandwidth over the link's collective bandwidth (uneven splits, many peers)
-    [unverified prior; bounds (0.3, 1.0)]."""
-    permutation_passes: float = 4.0
-    """HBM passes over the routed tokens for permute + unpermute (fused: 2) [unverified prior; bounds (1, 8)]."""
-
-    BOUNDS = {"grouped_gemm_efficiency": (0.5, 1.0), "loop_gemm_efficiency": (0.3, 1.0),
-              "alltoall_efficiency": (0.3, 1.0), "permutation_passes": (1.0, 8.0)}
-
-
-MOE_DEFAULT = MoECoefficients()
+# The MoE kernels' coefficients (grouped GEMM, all-to-all, permutation) are ``Coefficients`` fields marked
+# ``moe`` (attune.estimator.coefficients): one set shared with dense models, fitted to the MoE corpus rows.
 
 
 def imbalance(layout: Layout) -> float:
     """The busiest EP rank's routed tokens over the mean: DROPLESS_IMBALANCE with EP > 1, capped by the
     capacity factor when tokens are dropped."""
-    f = DROPLESS_IMBALANCE if layout.ep > 1 else 1.0
+    f = DROPLESS_IMBALANCE if layout.ep > 1 and not layout.moe_force_balance else 1.0
     if layout.moe_capacity_factor is not None:
         f = min(f, layout.moe_capacity_factor)
     return f
@@ -90,8 +70,9 @@ def routed_tokens(layout: Layout, shape: Shape, top_k: int) -> float:
 # ---------------------------------------------------------------------- memory
 def with_expert_activations(costs: dict[str, LayerCost], model: ModelSpec, layout: Layout, shape: Shape,
                             router_dtype: str | None = "fp32") -> dict[str, LayerCost]:
-    """Each layer kind's cost with the routed experts' saved tensors and backward working set added (so the
-    recompute rules in memory.py cover them); dense models come back unchanged."""
+    """Each MoE layer kind's cost with the routed experts' saved tensors and backward working set added (so the
+    recompute rules in memory.py cover them); the dense-MLP kinds of an MoE model (``DENSE``) and dense models
+    come back unchanged."""
     moe = model.moe
     if moe is None:
         return costs
@@ -110,7 +91,7 @@ def with_expert_activations(costs: dict[str, LayerCost], model: ModelSpec, layou
     # backward: the all-to-all send and receive buffers of the combine gradient and the dispatch, plus the
     # expert MLP's own gradients d(fc2 input), d(fc1 output)
     work = 2 * R * BF16 * h + R * BF16 * 3 * f
-    return {k: replace(c, saved=c.saved + saved, bwd_work_bytes=max(c.bwd_work_bytes, work))
+    return {k: c if is_dense_kind(k) else replace(c, saved=c.saved + saved, bwd_work_bytes=max(c.bwd_work_bytes, work))
             for k, c in costs.items()}
 
 
@@ -132,7 +113,8 @@ def expert_params_per_layer(model: ModelSpec, layout: Layout) -> float:
 
 
 def stage_expert_params(model: ModelSpec, layout: Layout, layers: int) -> float:
-    """Routed-expert parameters one GPU of a stage holding ``layers`` MoE layers keeps."""
+    """Routed-expert parameters one GPU of a stage holding ``layers`` MoE layers keeps (the stage's MoE layers
+    only: ``StagePlacement.moe_layers``; a dense layer of an MoE model holds no experts)."""
     return layers * expert_params_per_layer(model, layout)
 
 
@@ -154,7 +136,7 @@ def _link_gbps(span: int, cluster: Cluster, coef) -> float:
 
 
 def moe_layer_times(model: ModelSpec, cluster: Cluster, layout: Layout, shape: Shape, coef,
-                    mcoef: MoECoefficients = MOE_DEFAULT) -> dict[str, float]:
+                    ) -> dict[str, float]:
     """One MoE layer's routed part, one microbatch, seconds: fwd_/bwd_ gemm and memory, and the exposed
     dispatch + combine all-to-all (ep_fwd, ep_bwd)."""
     moe = model.moe
@@ -167,11 +149,11 @@ def moe_layer_times(model: ModelSpec, cluster: Cluster, layout: Layout, shape: S
     t = local_tokens(layout, shape)
     local_experts = moe.experts / layout.ep
     per_expert = R / local_experts  # tokens one local expert sees: the small GEMM dimension
-    kind = mcoef.grouped_gemm_efficiency if layout.moe_grouped_gemm else mcoef.loop_gemm_efficiency
+    kind = coef.moe_grouped_gemm_efficiency * (1.0 if layout.moe_grouped_gemm else coef.moe_loop_gemm_ratio)
     flops = 2 * R * h * 3 * f  # fc1 (2f wide) + fc2
     gemm = flops / (peak * _gemm_eff(min(per_expert, h, f), coef) * kind)
     router = 2 * t * h * moe.experts / (peak * _gemm_eff(min(t, h, moe.experts), coef))
-    passes = mcoef.permutation_passes / (2 if layout.moe_permute_fusion else 1)
+    passes = coef.moe_permutation_passes / (2 if layout.moe_permute_fusion else 1)
     mem = (passes * R * BF16 * h + 3 * t * moe.experts * FP32 + 3 * R * BF16 * f) / hbm
     # dispatch + combine: each sends its routed tokens' hidden states to the experts' ranks; the fraction
     # (EP - 1) / EP leaves the GPU. allgather dispatcher: every rank gathers all tokens of the EP x ETP group.
@@ -179,7 +161,7 @@ def moe_layer_times(model: ModelSpec, cluster: Cluster, layout: Layout, shape: S
     group = layout.ep * layout.etp
     if group > 1:
         # Megatron's expert rank order is tp-ep-dp-pp with tp = ETP: the EP x ETP group is adjacent ranks
-        bw = _link_gbps(group, cluster, coef) * 1e9 * mcoef.alltoall_efficiency
+        bw = _link_gbps(group, cluster, coef) * 1e9 * coef.moe_alltoall_efficiency
         if layout.moe_dispatcher in (None, "allgather"):
             vol = 2 * (group - 1) * t * BF16 * h  # gather tokens, reduce-scatter outputs
         else:
@@ -196,7 +178,7 @@ def moe_layer_times(model: ModelSpec, cluster: Cluster, layout: Layout, shape: S
 
 def expert_dp_comm_s(model: ModelSpec, cluster: Cluster, layout: Layout, layers: int, grad_bytes: float, coef) -> float:
     """The expert gradients' reduce-scatter and parameter all-gather over the expert data-parallel group,
-    seconds (not overlapped: the conservative case)."""
+    seconds (not overlapped: the conservative case); ``layers``: the stage's MoE layers."""
     d = expert_data_parallel(layout)
     n = stage_expert_params(model, layout, layers)
     if d <= 1 or not n:

@@ -24,7 +24,7 @@ from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
 from attune.spec.placement import Placement, place, stage_params
-from attune.spec.model import FULL, LINEAR, ModelSpec
+from attune.spec.model import FULL, LINEAR, ModelSpec, mixer_of
 
 # megatron-core DistributedDataParallelConfig.bucket_size default: max(40,000,000, 1,000,000 x DP) parameters
 DDP_BUCKET_MIN_PARAMS = 40_000_000
@@ -202,12 +202,13 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
         r = st.rank
         parts = dict.fromkeys(PARTS, 0.0)
         for ch in st.chunks:
-            a, n_full, n_lin = ch.start, ch.full, ch.linear
+            a = ch.start
+            # (kind, layers) of the chunk: FULL / SLIDING / LINEAR and the dense-MLP kinds of MoE models
+            kinds = ch.kinds or tuple((kk, n) for kk, n in ((FULL, ch.full), (LINEAR, ch.linear)) if n)
             k = min(n_rec, ch.layers) if (rec_full and layout.recompute_method == "block") else (ch.layers if rec_full else 0)
-            f_rec, l_rec = model.count_types(a, a + k) if k else (0, 0)
-            for kind, n, n_r in ((FULL, n_full, f_rec), (LINEAR, n_lin, l_rec)):
-                if not n:
-                    continue
+            rec = dict(model.count_kinds(a, a + k)) if k else {}
+            for kind, n in kinds:
+                n_r = rec.get(kind, 0)
                 t = times[kind]
                 for key in ("gemm", "attention", "gdn", "memory"):
                     parts["fwd_" + key] += n * t["fwd_" + key]
@@ -216,26 +217,26 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
                 parts["recompute"] += n_r * (t["fwd_gemm"] + t["fwd_attention"] + t["fwd_gdn"] + t["fwd_memory"])
                 parts["tp_comm"] += (n + n_r) * t["tp_fwd"] + n * t["tp_bwd"]
                 parts["cp_comm"] += (n + n_r) * t["cp_fwd"] + n * t["cp_bwd"]
-            if moe_t:  # every layer of the bundled MoE models is an MoE layer
+            if moe_t and ch.moe:  # the routed experts of the chunk's MoE layers (not its dense-MLP layers)
+                k_moe = model.count_moe(a, a + k) if k else 0
                 for key in ("gemm", "memory"):
-                    parts["fwd_" + key] += ch.layers * moe_t["fwd_" + key]
-                    parts["bwd_" + key] += ch.layers * moe_t["bwd_" + key]
-                parts["recompute"] += k * (moe_t["fwd_gemm"] + moe_t["fwd_memory"])
-                parts["ep_comm"] += (ch.layers + k) * moe_t["ep_fwd"] + ch.layers * moe_t["ep_bwd"]
+                    parts["fwd_" + key] += ch.moe * moe_t["fwd_" + key]
+                    parts["bwd_" + key] += ch.moe * moe_t["bwd_" + key]
+                parts["recompute"] += k_moe * (moe_t["fwd_gemm"] + moe_t["fwd_memory"])
+                parts["ep_comm"] += (ch.moe + k_moe) * moe_t["ep_fwd"] + ch.moe * moe_t["ep_bwd"]
             if layout.recompute_granularity == "selective":
                 # the recomputed modules' forward re-run in backward (core_attn by default; attune.estimator.offload)
-                for kind, n in ((FULL, n_full), (LINEAR, n_lin)):
-                    if n:
-                        parts["recompute"] += n * knob_terms.recompute_seconds(costs[kind], times[kind], kind, layout,
-                                                                               model, engine)
+                for kind, n in kinds:
+                    parts["recompute"] += n * knob_terms.recompute_seconds(costs[kind], times[kind], mixer_of(kind),
+                                                                           layout, model, engine)
             if layout.offload_modules:
                 # offloaded: the layers that keep their activations (not the recomputed ones)
-                off_b = sum((n - n_r) * knob_terms.offloaded_bytes(costs[kind], kind, layout, model, engine)
-                            for kind, n, n_r in ((FULL, n_full, f_rec), (LINEAR, n_lin, l_rec)) if n)
+                off_b = sum((n - rec.get(kind, 0)) * knob_terms.offloaded_bytes(costs[kind], mixer_of(kind), layout,
+                                                                               model, engine) for kind, n in kinds)
                 fwd_c = sum(n * (times[kind]["fwd_gemm"] + times[kind]["fwd_attention"] + times[kind]["fwd_gdn"]
-                                 + times[kind]["fwd_memory"]) for kind, n in ((FULL, n_full), (LINEAR, n_lin)) if n)
+                                 + times[kind]["fwd_memory"]) for kind, n in kinds)
                 bwd_c = sum(n * (times[kind]["bwd_gemm"] + times[kind]["bwd_attention"] + times[kind]["bwd_gdn"]
-                                 + times[kind]["bwd_memory"]) for kind, n in ((FULL, n_full), (LINEAR, n_lin)) if n)
+                                 + times[kind]["bwd_memory"]) for kind, n in kinds)
                 parts["act_offload"] += knob_terms.offload_exposed_seconds(off_b, fwd_c, bwd_c, cluster.gpu.pcie_gbps)
             parts["pp_comm"] += 2 * pp_send
         if r == p - 1 and model.vocab:  # a row counting the transformer layers only has no output layer
@@ -252,7 +253,8 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
             parts["fwd_memory"] += BF16 * b.tokens_per_gpu * model.hidden / (hbm * coef.hbm_efficiency)  # embedding
         fwd = sum(parts[k] for k in PARTS if k.startswith("fwd_")) + sum(
             times[kind]["tp_fwd"] * n + times[kind]["cp_fwd"] * n
-            for ch in st.chunks for kind, n in ((FULL, ch.full), (LINEAR, ch.linear)) if n) + pp_send * len(st.chunks)
+            for ch in st.chunks for kind, n in (ch.kinds or ((FULL, ch.full), (LINEAR, ch.linear))) if n
+        ) + pp_send * len(st.chunks)
         total = sum(parts.values())
         comm = sum(parts[k] for k in COMM_PARTS)
         stages.append(StageTime(r, fwd, total - fwd, total - comm, comm, parts))
@@ -273,7 +275,7 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
     params = [stage_params(model, layout, st.rank, lambda kind: costs[kind].params_on_gpu, st.ranges)
               for st in pl.stages]
     d = layout.dp * layout.cp
-    st_layers = [st.layers for st in pl.stages]
+    st_layers = [st.moe_layers for st in pl.stages]  # MoE layers per stage: the expert terms count these only
     # the grad buffer's dtype (memory.py): fp32 main grads on Megatron-LM's bf16 path, 16-bit with fp16 or where
     # the engine reduces in bf16 (Megatron-Bridge / NeMo performance launches)
     fp16_grads = layout.precision == "fp16" and not engine.fp16_grads_in_fp32

@@ -11,7 +11,7 @@ from pathlib import Path
 from attune.estimator import estimate
 from attune.estimator.metrics import model_flops_utilization, usd_per_million_tokens
 from attune.recipe.codec import to_recipe_block
-from attune.runners.slime.launch import launch_versions, slime_command
+from attune.runners.slime.launch import LaunchError, launch_versions, slime_command
 from attune.search.records import records, study_counts
 from attune.search.tuner import TuneConfig, TuneOutcome
 from attune.spec.flags import to_flags
@@ -34,7 +34,14 @@ def run_block(cfg: TuneConfig, layout: Layout) -> tuple[str, dict[str, str]]:
         argv = ["attune", "run", "--runner", "torch", "--model", model.name, "--gpus", cluster.spec,
                 "--steps", str(wl.steps), "--", *to_flags(layout, wl, cfg.engine)]
         return shlex.join(argv) + "\n", {}
-    cmd = slime_command(model, cluster, layout, wl, steps=wl.steps)
+    try:
+        cmd = slime_command(model, cluster, layout, wl, steps=wl.steps)
+    except LaunchError as e:
+        # a model whose slime launch attune cannot write (GPT-OSS): the layout's Megatron flags through attune's
+        # own launcher, which names the same reason when it is run, so the recipe still records the winner
+        argv = ["attune", "run", "--runner", "slime", "--model", model.name, "--gpus", cluster.spec,
+                "--steps", str(wl.steps), "--", *to_flags(layout, wl, cfg.engine)]
+        return f"# {e}\n" + shlex.join(argv) + "\n", {}
     return str(cmd.to_shell()), {str(k): str(v) for k, v in cmd.env.items()}
 
 

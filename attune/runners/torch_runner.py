@@ -5,8 +5,10 @@ Two parts, kept apart so that the trainer can also run elsewhere (as a Ray job: 
 * WHAT runs, the torch trainer (:data:`TORCH_CAPABILITIES`, :func:`torch_check`, :func:`write_trial_spec`,
   :func:`torch_result`): ``attune.runners.torch_worker`` under torchrun, one process per rank, gloo on CPU or
   NCCL on GPU. Supported: PP (uneven first/last stages, Megatron's 1F1B), DP (all-reduced gradients; sharded
-  optimizer state with the distributed optimizer), full (block/uniform) and selective recompute, the
-  layout's batching. TP, CP, VPP and EP above 1 are refused by ``check`` with one line.
+  optimizer state with the distributed optimizer), EP of MoE models (experts / EP per rank, all-to-all token
+  dispatch and combine, expert gradients reduced over the expert-DP group), full (block/uniform) and
+  selective recompute, the layout's batching. TP, CP, VPP and ETP above 1 are refused by ``check`` with one
+  line.
 * WHERE it runs, this machine (:class:`TorchRunner`)::
 
       python -m torch.distributed.run --standalone --nproc-per-node N -m attune.runners.torch_worker --spec SPEC
@@ -28,7 +30,7 @@ from attune.runners.base import (FAILED, LOG_FILE, LOG_TAIL_CHARS, OK, OOM, TIME
                                  TrialResult, TrialSpec, step_time_stats)
 from attune.runners.locks import DeviceLock, device_names
 from attune.runners.procs import run_logged
-from attune.runners.torch_spec import encode_spec
+from attune.runners.torch_spec import encode_spec, ep_refusal
 from attune.spec.layout import Layout, Workload
 from attune.spec.placement import stage_layer_counts
 from attune.spec.rules import check
@@ -41,11 +43,14 @@ GiB = 2**30
 # seed's window), a learning rate high enough that the tiny models' loss visibly falls in 20 steps; a trial
 # of a tiny model takes seconds on 2 CPU cores.
 TORCH_WORKLOAD = Workload(seq_length=256, global_batch=8, steps=20, window=(5, 19), lr=3e-3, min_lr=3e-4)
-# The trainer implements PP x DP only (attune.runners.torch_worker); 3 measured trials and 24 proposals per
-# trial are `attune tune`'s defaults for it (a trial is a real run), with the small search space.
+# The trainer implements PP x DP and, for MoE models, EP inside DP (attune.runners.torch_worker); 3 measured
+# trials and 24 proposals per trial are `attune tune`'s defaults for it (a trial is a real run), with the small
+# search space. EP has no runner cap (max_ep None): the layout rules bound it by the experts and by DP <= the
+# world size, and `ep_refusal` names what the trainer does not do (ETP, other dispatchers).
 TORCH_CAPABILITIES = Capabilities(
-    measured=True, engine="torch", max_tp=1, max_cp=1, max_vpp=1, max_ep=1, default_workload=TORCH_WORKLOAD,
-    default_search_space="small", default_trials=3, default_candidates=24, limits_note="PP, DP and recompute only")
+    measured=True, engine="torch", max_tp=1, max_cp=1, max_vpp=1, max_ep=None, default_workload=TORCH_WORKLOAD,
+    default_search_space="small", default_trials=3, default_candidates=24,
+    limits_note="PP, DP, EP and recompute only")
 
 
 def _knob_limits(L: Layout, runner: str) -> list[str]:
@@ -66,6 +71,9 @@ def _knob_limits(L: Layout, runner: str) -> list[str]:
 def torch_check(spec: TrialSpec, runner: str, caps: Capabilities = TORCH_CAPABILITIES) -> list[str]:
     """Why the torch trainer cannot run ``spec`` (its limits, then the layout rules); [] when it can."""
     reasons = caps.limit_reasons(spec.layout, runner) + _knob_limits(spec.layout, runner)
+    refusal = ep_refusal(spec.layout, spec.model)
+    if refusal:
+        reasons.append(f"{runner} runner: {refusal}")
     if reasons:
         return reasons
     errs = check(spec.layout, spec.model, spec.cluster.world_size, spec.workload, spec.engine)

@@ -9,9 +9,9 @@ from dataclasses import fields
 
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec
-from attune.spec.moe import MoESpec
+from attune.spec.moe import MoESpec, moe_rules
 
-__all__ = ["encode_spec", "decode_spec"]
+__all__ = ["encode_spec", "decode_spec", "ep_refusal"]
 
 
 def _dc_to_dict(obj) -> dict:
@@ -38,3 +38,17 @@ def decode_spec(cfg: dict) -> tuple[ModelSpec, Layout, Workload]:
     return ModelSpec(**m), Layout(**cfg["layout"]), Workload(**w)
 
 
+
+
+def ep_refusal(layout: Layout, model: ModelSpec) -> str:
+    """Why the torch trainer cannot run the layout's expert parallelism, one line; "" when it can: the layout
+    rules of ``attune.spec.moe.moe_rules`` (EP divides the experts and DP), plus what the trainer does not
+    implement (ETP > 1; a dispatcher other than all-to-all at EP > 1)."""
+    errs = moe_rules(layout, model)
+    if layout.etp > 1:
+        errs.append(f"ETP {layout.etp}: expert tensor parallelism is not implemented by the torch trainer "
+                    f"(allowed: ETP 1)")
+    if layout.ep > 1 and layout.moe_dispatcher not in (None, "alltoall"):
+        errs.append(f"dispatcher {layout.moe_dispatcher}: the torch trainer dispatches tokens by all-to-all only "
+                    f"(allowed: alltoall)")
+    return f"expert parallelism of {layout.label()}: " + "; ".join(errs) if errs else ""

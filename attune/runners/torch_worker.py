@@ -4,6 +4,11 @@
 
 Rank layout (Megatron's default order with TP = CP = 1): rank = stage * DP + dp_rank, so the DP
 replicas of a stage are adjacent ranks and a pipeline is the ranks dp_rank, dp_rank + DP, ...
+Expert parallelism (MoE models) folds into each stage's DP group as Megatron does: EP adjacent DP ranks form
+an EP group (each holds experts / EP of the routed experts; tokens travel by all-to-all), and the DP / EP
+ranks holding the same experts form the expert-data-parallel group (``attune.torchmodels.expert_parallel``).
+Dense gradients are all-reduced over the stage's DP group, expert gradients over the expert-DP group only;
+expert parameters have their own optimizer (sharded over the expert-DP group with the distributed optimizer).
 
 Each rank writes `rank<R>.json` into the spec's `out_dir`: status (ok | oom | failed), the reason,
 its pipeline stage, step times, losses and peak memory. Memory on CPU is the process's peak RSS.
@@ -32,12 +37,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from attune.runners.torch_spec import decode_spec
+from attune.runners.torch_spec import decode_spec, ep_refusal
 from attune.spec.engine import get_engine
 from attune.spec.layout import Workload
+from attune.spec.moe import expert_data_parallel
 from attune.spec.placement import batching, stage_layer_counts
 from attune.torchmodels import build_model, token_loss_sum
 from attune.torchmodels.data import load_rows, shift_labels, step_row_indices
+from attune.torchmodels.expert_parallel import ExpertParallel, ep_group_ranks, expert_dp_group_ranks
+from attune.torchmodels.moe_block import LocalExperts
 
 FAULT_ENV, FAULT_RANK_ENV, FAULT_STEP_ENV = "ATTUNE_TORCH_FAULT", "ATTUNE_TORCH_FAULT_RANK", "ATTUNE_TORCH_FAULT_STEP"
 # p2p tags: activations travel forward with one tag, gradients backward with another (gloo matches on tags).
@@ -91,6 +99,10 @@ class Trainer:
             raise RuntimeError(f"layout needs {L.world_size} ranks, torchrun started {world}")
         self.pp, self.dp = L.pp, L.dp
         self.stage, self.dp_rank = divmod(rank, L.dp)
+        refusal = ep_refusal(L, self.model)
+        if refusal:
+            raise ValueError(refusal)
+        self.ep, self.edp = L.ep, expert_data_parallel(L)
         self.cuda = cfg["device"] == "cuda"
         self.device = torch.device(f"cuda:{local_rank}" if self.cuda else "cpu")
         if self.cuda:
@@ -103,6 +115,18 @@ class Trainer:
             g = dist.new_group([s * self.dp + d for d in range(self.dp)])
             if s == self.stage:
                 self.dp_group = g
+        # expert parallelism: EP groups, then expert-DP groups, every stage's, in the same order on every rank
+        self.ep_group = self.edp_group = None
+        for s in range(self.pp):
+            for ranks in ep_group_ranks(s * self.dp, self.dp, self.ep) if self.ep > 1 else []:
+                g = dist.new_group(ranks)
+                if rank in ranks:
+                    self.ep_group = g
+            for ranks in expert_dp_group_ranks(s * self.dp, self.dp, self.ep) if self.ep > 1 and self.edp > 1 else []:
+                g = dist.new_group(ranks)
+                if rank in ranks:
+                    self.edp_group = g
+        self.ep_rank = self.dp_rank % self.ep
         tied_split = self.model.tied_embeddings and self.pp > 1
         for d in range(self.dp):
             if tied_split:
@@ -235,14 +259,23 @@ class Trainer:
         if self.emb_group is not None:  # tied embedding copies on the first and last stage: sum their grads
             w = self.net.embed.weight if self.stage == 0 else self.net.lm_head.weight
             dist.all_reduce(w.grad, group=self.emb_group)
+        for p in self.params:  # a parameter no token reached this step (an idle expert) still joins the reduction
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         if self.dp > 1:
-            grads = [p.grad for p in self.params]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, group=self.dp_group)
-            off = 0
-            for g in grads:
-                g.copy_(flat[off: off + g.numel()].view_as(g))
-                off += g.numel()
+            self._all_reduce([p.grad for p in self.dense_params], self.dp_group)
+        if self.edp_group is not None:  # expert parameters: only the ranks holding the same experts
+            self._all_reduce([p.grad for p in self.expert_params], self.edp_group)
+
+    def _all_reduce(self, grads: list, group) -> None:
+        if not grads:
+            return
+        flat = self.torch.cat([g.reshape(-1) for g in grads])
+        self.dist.all_reduce(flat, group=group)
+        off = 0
+        for g in grads:
+            g.copy_(flat[off: off + g.numel()].view_as(g))
+            off += g.numel()
 
     def build(self) -> None:
         torch = self.torch
@@ -251,25 +284,38 @@ class Trainer:
         counts = stage_layer_counts(L, self.model.num_layers)
         start = sum(counts[: self.stage])
         stop = start + counts[self.stage]
+        ep = ExpertParallel(size=self.ep, rank=self.ep_rank, group=self.ep_group)
         self.net = build_model(self.model, start, stop, first=self.stage == 0, last=self.stage == self.pp - 1,
-                               seed=w.seed, device=self.device)
+                               seed=w.seed, device=self.device, ep=ep)
         self.net.set_recompute(L.recompute_granularity, L.recompute_method, L.recompute_num_layers)
         self.params = [p for p in self.net.parameters() if p.requires_grad]
-        # Megatron applies weight decay to matrices only, not to biases and norm weights (1-D)
-        decay = [p for p in self.params if p.dim() >= 2]
-        no_decay = [p for p in self.params if p.dim() < 2]
-        groups = [{"params": decay, "weight_decay": w.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        kw = dict(lr=w.lr, betas=(w.adam_beta1, w.adam_beta2), eps=ADAM_EPS)
-        if L.distributed_optimizer and self.dp > 1:
-            from torch.distributed.optim import ZeroRedundancyOptimizer
-            self.opt = ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW,
-                                               process_group=self.dp_group, **kw)
-        else:
-            self.opt = torch.optim.AdamW(groups, **kw)
+        expert_ids = {id(p) for m in self.net.modules() if isinstance(m, LocalExperts) for p in m.parameters()}
+        # EP 1: every rank holds every expert, so experts are reduced and optimised as dense parameters
+        split = self.ep > 1
+        self.expert_params = [p for p in self.params if split and id(p) in expert_ids]
+        self.dense_params = [p for p in self.params if not (split and id(p) in expert_ids)]
+        self.opts = [self._optimizer(self.dense_params, self.dp, self.dp_group)]
+        if self.expert_params:
+            self.opts.append(self._optimizer(self.expert_params, self.edp, self.edp_group))
         self.rows = load_rows(self.cfg.get("data_path"), w.steps * w.global_batch, w.seq_length, self.model.vocab, w.seed)
         self.batch = batching(L, w, self.engine)
         self.record.update(layers=[start, stop], stage_params=sum(p.numel() for p in self.params),
+                           expert_params=sum(p.numel() for p in self.params if id(p) in expert_ids),
+                           ep=self.ep, ep_rank=self.ep_rank, expert_dp=self.edp,
                            rows_per_microbatch=self.batch.rows_per_microbatch, microbatches=self.batch.microbatches)
+
+    def _optimizer(self, params: list, replicas: int, group):
+        """AdamW over ``params``; sharded over ``group`` (its ``replicas`` ranks) with the distributed optimizer."""
+        torch, w = self.torch, self.wl
+        # Megatron applies weight decay to matrices only, not to biases and norm weights (1-D)
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": w.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        kw = dict(lr=w.lr, betas=(w.adam_beta1, w.adam_beta2), eps=ADAM_EPS)
+        if self.layout.distributed_optimizer and replicas > 1:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+            return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, process_group=group, **kw)
+        return torch.optim.AdamW(groups, **kw)
 
     def microbatches(self, step: int) -> list[dict]:
         torch, w = self.torch, self.wl
@@ -308,14 +354,17 @@ class Trainer:
             self.fault(step)
             mbs = self.microbatches(step)
             lr = lr_at(step, w)
-            for g in self.opt.param_groups:
-                g["lr"] = lr
+            for opt in self.opts:
+                for g in opt.param_groups:
+                    g["lr"] = lr
             t0 = time.perf_counter()
-            self.opt.zero_grad(set_to_none=False)
+            for opt in self.opts:
+                opt.zero_grad(set_to_none=False)
             self.loss_acc = torch.zeros((), device=self.device, dtype=torch.float64)
             self.run_pipeline(mbs)
             self.reduce_grads()
-            self.opt.step()
+            for opt in self.opts:
+                opt.step()
             dist.all_reduce(self.loss_acc)  # only last-stage ranks hold loss; the sum is the global per-token loss
             loss = float(self.loss_acc.item())
             if self.cuda:

@@ -73,7 +73,7 @@ POSITIVE_INT = {"tp", "pp", "vpp", "cp", "tokens_per_microbatch_rows", "ep", "et
 # knob-distance features of a layout (see `layout_features`) and their weights: one unit is "one knob step"
 # (a doubling of TP/PP/VPP/CP/rows, a switch, a recompute kind, 4 layers moved between stages)
 FEATURES = ("log2_tp", "sp", "log2_pp", "first_shift", "last_shift", "log2_vpp", "log2_cp", "selective", "full",
-            "recompute_fraction", "uniform", "offload", "log2_tokens")
+            "recompute_fraction", "uniform", "offload", "log2_tokens", "log2_ep", "log2_etp", "allgather")
 LAYERS_PER_FEATURE_UNIT = 4.0
 
 
@@ -109,7 +109,9 @@ def layout_features(layout: Layout, num_layers: int) -> np.ndarray:
                      (counts[0] - even) / LAYERS_PER_FEATURE_UNIT, (counts[-1] - even) / LAYERS_PER_FEATURE_UNIT,
                      math.log2(layout.vpp), math.log2(layout.cp), float(rec == "selective"), float(rec == "full"),
                      frac, float(rec == "full" and layout.recompute_method == "uniform"),
-                     float(layout.optimizer_cpu_offload), math.log2(max(tokens, 1))])
+                     float(layout.optimizer_cpu_offload), math.log2(max(tokens, 1)),
+                     # MoE (issue 14): EP / ETP steps and the dispatcher, so EP variants are not near-duplicates
+                     math.log2(layout.ep), math.log2(layout.etp), float(layout.moe_dispatcher == "allgather")])
 
 
 

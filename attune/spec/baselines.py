@@ -22,10 +22,11 @@ def load_baselines() -> dict:
     return yaml.safe_load(resources.files("attune.spec").joinpath("baselines.yaml").read_text())
 
 
-def baseline_entry(model_name: str) -> dict:
+def baseline_entry(model_name: str, moe: bool = False) -> dict:
+    """The model's entry, else ``default-moe`` for a mixture-of-experts model, else ``default``."""
     table = load_baselines()
     by_lower = {k.lower(): k for k in table}
-    return table[by_lower.get(model_name.lower(), "default")]
+    return table[by_lower.get(model_name.lower(), "default-moe" if moe else "default")]
 
 
 def baseline_layout(model: ModelSpec, cluster: Cluster, workload: Workload, engine: Engine,
@@ -36,7 +37,7 @@ def baseline_layout(model: ModelSpec, cluster: Cluster, workload: Workload, engi
     node), then EP halved while EP x ETP does not divide a stage's GPUs (MoE), then TP halved, then PP halved. Rows per microbatch never exceed one row when the baseline asks for
     more tokens per GPU than a row holds.
     """
-    entry = baseline_entry(model.name)
+    entry = baseline_entry(model.name, moe=model.moe is not None)
     flags = entry["flags"]
     world = cluster.world_size
     # read the flags without deriving DP (the script's cluster may be larger than this one)
@@ -51,11 +52,13 @@ def baseline_layout(model: ModelSpec, cluster: Cluster, workload: Workload, engi
     if max_cp is not None and lay.cp > max_cp:
         notes.append(f"CP {lay.cp} -> {max_cp} (runner limit)")
         lay = replace(lay, cp=max_cp)
+    broken: list[str] = []
     for _ in range(12):
         mp = lay.tp * lay.pp * lay.cp
         if world % mp == 0:
             cand = replace(lay, dp=world // mp)
-            if not check(cand, model, world, workload, engine):
+            broken = check(cand, model, world, workload, engine)
+            if not broken:
                 if cand.pp > 1:  # spell the split out, as the recipe's layout block does
                     counts = stage_layer_counts(cand, model.num_layers)
                     cand = replace(cand, first=counts[0], last=counts[-1])
@@ -74,7 +77,9 @@ def baseline_layout(model: ModelSpec, cluster: Cluster, workload: Workload, engi
             lay = replace(lay, pp=lay.pp // 2, first=None, last=None)
         else:
             break
-    raise LayoutError(f"the baseline layout of {model.name} cannot be adapted to {cluster.spec}: {'; '.join(notes)}")
+    why = f" (last try: {broken[0]})" if broken else ""
+    raise LayoutError(f"the baseline layout of {model.name} cannot be adapted to {cluster.spec}{why}: {'; '.join(notes)}; "
+                      f"give the layout with --flags or a larger --global-batch")
 
 
 def _mp(flags: str, model: ModelSpec) -> int:

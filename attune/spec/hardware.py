@@ -140,6 +140,41 @@ GPUS: dict[str, GPU] = {
         nvls=True,
         generation="blackwell",  # NVIDIA architecture of the part
     ),
+    "B300": GPU(
+        name="B300 288GB (Blackwell Ultra, HGX/DGX B300)",
+        generation="blackwell",  # Blackwell Ultra: the same tensor-core generation as B200
+        memory_bytes=288 * 10**9,  # DGX B300 datasheet: 2.3 TB HBM3e for 8 GPUs = 288 GB each [unverified driver figure]
+        bf16_tflops=2250.0,  # DGX B300 datasheet: 72 PFLOPS FP8 training per 8 GPUs (sparse) -> 4.5 PF dense FP8, 2.25 PF dense BF16 each [unverified]
+        hbm_gbps=8000.0,  # HGX B300: 8 TB/s HBM3e per GPU [unverified]
+        nvlink_gbps=900.0,  # NVLink 5: 1.8 TB/s bidirectional per GPU (DGX B300 datasheet: 14.4 TB/s for 8)
+        gpus_per_node=8,
+        internode_gbps=800.0,  # DGX B300: 8 x ConnectX-8 SuperNIC 800 Gb/s per node = 6.4 Tb/s
+        pcie_gbps=55.0,  # PCIe Gen5 x16 to the x86 host
+        host_memory_bytes=2 * 1024**4,  # DGX B300: 2 TB host memory
+        host_mem_gbps=600.0,  # 2 x86 sockets, DDR5 (as HGX B200)
+        usd_per_hour=14.24,  # [assumed: no public on-demand list price found; the B200 price]
+        price_source="assumed equal to AWS p6-b200.48xlarge per GPU (no public B300 list price found) [unverified]",
+        source="NVIDIA DGX B300 datasheet",
+        nvls=True,
+    ),
+    "GB300": GPU(
+        name="GB300 NVL72 (Blackwell Ultra, 288GB)",
+        memory_bytes=288 * 10**9,  # GB300 NVL72 datasheet: up to 21 TB HBM3e for 72 GPUs = 288 GB each [unverified driver figure]
+        bf16_tflops=2500.0,  # GB300 NVL72 datasheet: FP16/BF16 360 PFLOPS with sparsity for 72 GPUs -> 2.5 PF dense each
+        hbm_gbps=8000.0,  # GB300 NVL72 datasheet: 576 TB/s HBM3e for 72 GPUs = 8 TB/s each
+        nvlink_gbps=900.0,  # NVLink 5: 130 TB/s for 72 GPUs = 1.8 TB/s bidirectional per GPU
+        gpus_per_node=4,  # one compute tray: 2 Grace CPUs + 4 Blackwell Ultra GPUs
+        internode_gbps=400.0,  # 4 x ConnectX-8 SuperNIC 800 Gb/s per tray (one per GPU); NVLink covers the rack
+        pcie_gbps=225.0,  # NVLink-C2C 900 GB/s bidirectional per Grace, shared by 2 GPUs (as GB200)
+        host_memory_bytes=960 * 10**9,  # 2 Grace CPUs x 480 GB LPDDR5X per tray (GB300 NVL72: 17 TB LPDDR5X / 36 CPUs)
+        host_mem_gbps=1024.0,  # Grace: up to 512 GB/s LPDDR5X each, 2 per tray
+        usd_per_hour=10.50,  # [assumed: no public on-demand list price found; the GB200 price]
+        price_source="assumed equal to CoreWeave GB200 NVL72 per GPU (no public GB300 list price found) [unverified]",
+        source="NVIDIA GB300 NVL72 datasheet (per-rack figures divided by 72 GPUs)",
+        nvlink_domain=72,
+        nvls=True,
+        generation="blackwell",
+    ),
 }
 
 

@@ -115,6 +115,10 @@ class Layout:
     moe_capacity_factor: float | None = None
     """Token dropping: each expert takes at most capacity x tokens x top-k / experts tokens
     (``--moe-expert-capacity-factor``); None: dropless."""
+    moe_force_balance: bool = False
+    """Routing replaced by an even spread of tokens over the experts (``--moe-router-force-load-balancing``,
+    megatron-core: for benchmarking only; Megatron-Bridge's published MoE runs "force-balance the token
+    distribution among experts"): no load imbalance, and not the model's own routing."""
     sp: bool = False
     """Sequence parallelism (``--sequence-parallel``); needs TP > 1."""
     first: int | None = None

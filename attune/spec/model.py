@@ -13,7 +13,20 @@ Four families are understood:
 
 Mixture-of-experts configs (``qwen3_moe``, ``qwen3_next``, ``qwen3_5_moe``, ``mixtral``) build one of the
 families above with ``moe`` set (``attune.spec.moe.MoESpec``): ``ffn`` is then the shared expert's width (0
-for none) and each layer's routed experts are ``LayerParams.expert_matrix``.
+for none) and each MoE layer's routed experts are ``LayerParams.expert_matrix``; the dense layers of an MoE
+model (``MoESpec.pattern``) have a SwiGLU MLP of ``MoESpec.dense_ffn``. Two more MoE families have their own
+``family``:
+
+* ``deepseek_v3`` (DeepSeek-V3, Kimi K2 ``kimi_k2``): multi-head latent attention (``mla``,
+  ``attune.spec.mla``), ``first_k_dense_replace`` dense first layers, ungated shared experts, and
+  ``num_nextn_predict_layers`` multi-token-prediction modules (``mtp_layers``: counted in ``total_params``,
+  ``mtp_params``; Megatron ``--mtp-num-layers``).
+* ``gpt_oss`` (GPT-OSS-120B / -20B): GQA with q/k/v/o biases and learned per-head attention sinks,
+  alternating sliding-window (``window``) and full layers, experts and router with biases.
+
+Layer kinds (the keys of ``attune.estimator.costs.layer_costs``): the mixer, ``FULL`` (softmax or latent
+attention over the whole causal context), ``SLIDING`` (softmax attention over a window) or ``LINEAR`` (Gated
+DeltaNet), with ``DENSE`` appended for the dense-MLP layers of an MoE model (``layer_kind``).
 
 ``from_geometry`` builds a spec from the bare geometry a published run states (layers, hidden, ffn,
 heads, kv_heads, vocab, mlp).
@@ -29,6 +42,7 @@ from __future__ import annotations
 import functools
 
 from attune.errors import ModelError
+from attune.spec.mla import MLASpec, mla_from_hf
 from attune.spec.moe import HF_MOE_TYPES, MoESpec, moe_from_hf
 
 import json
@@ -50,6 +64,21 @@ POSITIONS = ("rope", "learned", "alibi")
 
 FULL = "full"  # softmax attention layer
 LINEAR = "linear"  # Gated DeltaNet layer
+SLIDING = "sliding"  # softmax attention over a sliding window (GPT-OSS); a FULL layer for ``layer_type``
+DENSE = "+dense"  # suffix of the layer kinds whose MLP is dense in an MoE model (DeepSeek-V3's first layers)
+DEEPSEEK_TYPES = ("deepseek_v3", "kimi_k2")
+GPT_OSS_TYPES = ("gpt_oss",)
+
+
+def mixer_of(kind: str) -> str:
+    """The mixer of a layer kind as FULL or LINEAR (sliding-window attention is softmax attention)."""
+    base = kind[: -len(DENSE)] if kind.endswith(DENSE) else kind
+    return LINEAR if base == LINEAR else FULL
+
+
+def is_dense_kind(kind: str) -> bool:
+    """Whether a layer kind is a dense-MLP layer of an MoE model."""
+    return kind.endswith(DENSE)
 
 
 @dataclass(frozen=True)
@@ -61,6 +90,7 @@ class LayerParams:
     vectors: int  # norms, biases, gates' 1-D params (replicated across TP)
     expert_matrix: int = 0  # MoE: all routed experts' weights (sharded by EP x ETP, not in ``matrix``)
     active_expert_matrix: int = 0  # MoE: the top-k routed experts one token passes through
+    mixer_replicated: int = 0  # of ``mixer_matrix``: weights every TP rank holds whole (MLA down projections)
 
     @property
     def matrix(self) -> int:
@@ -75,7 +105,7 @@ class LayerParams:
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    family: str  # llama | qwen3_5 | gpt2 | nemotron
+    family: str  # llama | qwen3_5 | gpt2 | nemotron | deepseek_v3 | gpt_oss
     model_type: str
     num_layers: int
     hidden: int
@@ -102,6 +132,12 @@ class ModelSpec:
     lin_v_dim: int = 0
     conv_kernel: int = 0
     moe: MoESpec | None = None  # mixture-of-experts layers (attune.spec.moe); None: dense
+    mla: MLASpec | None = None  # multi-head latent attention (attune.spec.mla); None: GQA / MHA
+    window: int = 0  # sliding-window size in tokens of the SLIDING layers (GPT-OSS: 128); 0: none
+    window_layers: tuple[bool, ...] = ()  # per layer: attends over ``window`` only (HF layer_types sliding_attention)
+    attn_out_bias: bool = False  # o_proj bias besides q/k/v (GPT-OSS)
+    attn_sinks: bool = False  # learned per-head attention sink logits (GPT-OSS ``sinks``, a vector of heads)
+    mtp_layers: int = 0  # multi-token-prediction modules in the checkpoint (HF num_nextn_predict_layers)
     source: str = ""
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
@@ -119,6 +155,14 @@ class ModelSpec:
                 raise ModelError(f"{self.name}: {k} must be >= 1 (got {getattr(self, k)})")
         if self.vocab < 0:
             raise ModelError(f"{self.name}: vocab must be >= 0 (got {self.vocab})")
+        if self.moe is not None and self.moe.pattern and len(self.moe.pattern) != self.num_layers:
+            raise ModelError(f"{self.name}: MoE layer pattern has {len(self.moe.pattern)} entries for "
+                             f"{self.num_layers} layers")
+        if self.window_layers and (len(self.window_layers) != self.num_layers or self.window < 1):
+            raise ModelError(f"{self.name}: sliding-window layers need one flag per layer ({self.num_layers}) and a "
+                             f"window >= 1 (got {len(self.window_layers)} flags, window {self.window})")
+        if self.mtp_layers < 0:
+            raise ModelError(f"{self.name}: mtp_layers must be >= 0 (got {self.mtp_layers})")
 
     # ------------------------------------------------------------------ geometry
     @property
@@ -157,63 +201,141 @@ class ModelSpec:
         return 2 * self.lin_qk_dim + self.lin_value_dim
 
     def layer_type(self, i: int) -> str:
+        """The mixer of layer ``i``: FULL (softmax or latent attention, sliding-window included) or LINEAR."""
         return self.layer_types[i] if self.layer_types else FULL
 
+    def is_moe_layer(self, i: int) -> bool:
+        """Whether layer ``i``'s MLP is an MoE block (False for every layer of a dense model)."""
+        return self.moe is not None and self.moe.is_moe_layer(i)
+
+    def layer_kind(self, i: int) -> str:
+        """Layer ``i``'s cost kind: FULL, SLIDING or LINEAR, with DENSE appended for a dense-MLP layer of an MoE
+        model."""
+        t = self.layer_type(i)
+        if t == FULL and self.window_layers and self.window_layers[i]:
+            t = SLIDING
+        if self.moe is not None and not self.moe.is_moe_layer(i):
+            t += DENSE
+        return t
+
     @cached_property
-    def _linear_prefix(self) -> tuple[int, ...]:
-        """Prefix counts of GDN layers, so a stage's layer-type mix is O(1)."""
-        out = [0]
+    def kinds(self) -> tuple[str, ...]:
+        """The layer kinds this model has, in order of first appearance."""
+        return tuple(dict.fromkeys(self.layer_kind(i) for i in range(self.num_layers)))
+
+    @cached_property
+    def _kind_prefix(self) -> dict[str, tuple[int, ...]]:
+        """Prefix counts of every layer kind, so a stage's layer mix is O(kinds)."""
+        out: dict[str, list[int]] = {k: [0] for k in self.kinds}
         for i in range(self.num_layers):
-            out.append(out[-1] + (self.layer_type(i) == LINEAR))
-        return tuple(out)
+            ki = self.layer_kind(i)
+            for k, v in out.items():
+                v.append(v[-1] + (k == ki))
+        return {k: tuple(v) for k, v in out.items()}
+
+    def count_kinds(self, start: int, stop: int) -> tuple[tuple[str, int], ...]:
+        """(kind, layers) of every kind present among layers [start, stop), in ``kinds`` order."""
+        pre = self._kind_prefix
+        return tuple((k, n) for k in self.kinds if (n := pre[k][stop] - pre[k][start]))
 
     def count_types(self, start: int, stop: int) -> tuple[int, int]:
-        """(full-attention layers, GDN layers) among layers [start, stop)."""
-        lin = self._linear_prefix[stop] - self._linear_prefix[start]
+        """(softmax-attention layers, GDN layers) among layers [start, stop)."""
+        lin = sum(n for k, n in self.count_kinds(start, stop) if mixer_of(k) == LINEAR)
         return stop - start - lin, lin
 
+    def count_moe(self, start: int, stop: int) -> int:
+        """MoE layers among layers [start, stop)."""
+        if self.moe is None:
+            return 0
+        return sum(n for k, n in self.count_kinds(start, stop) if not is_dense_kind(k))
+
     # ------------------------------------------------------------------ parameters
-    def full_layer(self) -> LayerParams:
+    def _attention_params(self) -> tuple[int, int, int]:
+        """(matrices, of which TP-replicated, 1-D vectors) of one softmax / latent attention block."""
         h = self.hidden
+        if self.mla is not None:
+            return (self.mla.matrix(h, self.heads), self.mla.replicated(h), self.mla.vectors())
         q_out = self.q_dim * (2 if self.attn_output_gate else 1)  # q_proj also emits the output gate
         mixer = h * q_out + 2 * h * self.kv_dim + self.q_dim * h
         vec = 0
         if self.qk_norm:
             vec += 2 * self.head_dim
-        if self.attn_bias and self.family == "gpt2":
+        if self.attn_bias and (self.family == "gpt2" or self.attn_out_bias):
             vec += q_out + 2 * self.kv_dim + h
         elif self.attn_bias:
             vec += q_out + 2 * self.kv_dim
-        return LayerParams(mixer, self.mlp_params(), vec + self.mlp_vectors() + self.layer_norm_vectors(),
-                           *self._expert_params())
+        if self.attn_sinks:
+            vec += self.heads  # GptOssAttention.sinks: one learned logit per head
+        return mixer, 0, vec
 
-    def gdn_layer(self) -> LayerParams:
+    def _gdn_params(self) -> tuple[int, int, int]:
         h = self.hidden
         in_proj = h * (self.lin_conv_dim + self.lin_value_dim + 2 * self.lin_v_heads)  # qkv, z, b, a
         conv = self.lin_conv_dim * self.conv_kernel  # depthwise conv1d, no bias
         out = self.lin_value_dim * h
         vec = 2 * self.lin_v_heads + self.lin_v_dim  # dt_bias, A_log, gated-norm weight
-        return LayerParams(in_proj + conv + out, self.mlp_params(), vec + self.layer_norm_vectors(),
-                           *self._expert_params())
+        return in_proj + conv + out, 0, vec
 
-    def _expert_params(self) -> tuple[int, int]:
-        """(all routed experts, the top-k a token uses) of one layer; (0, 0) for dense models."""
-        if self.moe is None:
-            return 0, 0
-        return self.moe.routed_params(self.hidden), self.moe.active_routed_params(self.hidden)
+    @cached_property
+    def _params_by_kind(self) -> dict[str, LayerParams]:
+        return {k: self._kind_params(k) for k in (*self.kinds, FULL, LINEAR)}
+
+    def _kind_params(self, kind: str) -> LayerParams:
+        lin = mixer_of(kind) == LINEAR
+        mixer, rep, vec = self._gdn_params() if lin else self._attention_params()
+        dense = is_dense_kind(kind) or self.moe is None
+        experts = (0, 0) if dense else (self.moe.routed_params(self.hidden), self.moe.active_routed_params(self.hidden))
+        mlp_vec = 0 if lin and self.family == "gpt2" else self.mlp_vectors(kind)
+        return LayerParams(mixer, self.mlp_params(kind), vec + mlp_vec + self.layer_norm_vectors(),
+                           *experts, mixer_replicated=rep)
+
+    def kind_params(self, kind: str) -> LayerParams:
+        """One layer of ``kind`` (``layer_kind``)."""
+        hit = self._params_by_kind.get(kind)
+        return hit if hit is not None else self._kind_params(kind)
+
+    def full_layer(self) -> LayerParams:
+        """A softmax (or latent) attention layer with the model's usual MLP (MoE for MoE models)."""
+        return self.kind_params(FULL)
+
+    def gdn_layer(self) -> LayerParams:
+        """A Gated DeltaNet layer with the model's usual MLP."""
+        return self.kind_params(LINEAR)
 
     def layer(self, i: int) -> LayerParams:
-        return self.gdn_layer() if self.layer_type(i) == LINEAR else self.full_layer()
+        return self.kind_params(self.layer_kind(i))
 
-    def mlp_params(self) -> int:
-        """The dense MLP; for MoE the shared expert (``ffn`` is its width) plus the router and the shared gate."""
-        dense = (self.fc1_width + self.ffn) * self.hidden
-        if self.moe is not None:
+    def mlp_width(self, kind: str = FULL) -> int:
+        """The dense MLP width of a layer kind: ``ffn`` (for MoE layers the shared expert's, 0 for none), the
+        config's dense ``intermediate_size`` for the dense layers of an MoE model."""
+        return self.moe.dense_ffn if (self.moe is not None and is_dense_kind(kind)) else self.ffn
+
+    def mlp_params(self, kind: str = FULL) -> int:
+        """The dense MLP; for an MoE layer the shared expert (``ffn`` is its width) plus the router and the
+        shared gate."""
+        f = self.mlp_width(kind)
+        dense = ((2 if self.mlp_gated else 1) * f + f) * self.hidden
+        if self.moe is not None and not is_dense_kind(kind):
             dense += self.moe.router_params(self.hidden) + (self.hidden if self.moe.shared_gate else 0)
         return dense
 
-    def mlp_vectors(self) -> int:
-        return self.ffn + self.hidden if self.family == "gpt2" else 0  # c_fc and c_proj biases
+    def mlp_vectors(self, kind: str = FULL) -> int:
+        if self.family == "gpt2":
+            return self.ffn + self.hidden  # c_fc and c_proj biases
+        if self.moe is not None and not is_dense_kind(kind):
+            return self.moe.router_vectors()
+        return 0
+
+    @property
+    def mtp_params(self) -> int:
+        """The multi-token-prediction modules (DeepSeek-V3 ``num_nextn_predict_layers``; megatron-core
+        ``MultiTokenPredictionLayer``): per module the enorm / hnorm pair, eh_proj Linear(2h, h), one decoder
+        layer (the last layer's kind) and its final norm; the embedding and output layer are shared with the
+        main model (the HF checkpoint stores copies of them, not counted here)."""
+        if not self.mtp_layers:
+            return 0
+        last = self.layer(self.num_layers - 1).total
+        return self.mtp_layers * (2 * self.norm_vectors + 2 * self.hidden * self.hidden + last + self.norm_vectors)
 
     def layer_norm_vectors(self) -> int:
         return 2 * self.norm_vectors
@@ -237,9 +359,10 @@ class ModelSpec:
 
     @property
     def total_params(self) -> int:
+        """Every parameter, the multi-token-prediction modules of the config included (``mtp_params``)."""
         layers = sum(self.layer(i).total for i in range(self.num_layers))
         out = 0 if self.tied_embeddings else self.output_params
-        return layers + self.embedding_params + self.position_params + out + self.final_norm_params
+        return layers + self.embedding_params + self.position_params + out + self.final_norm_params + self.mtp_params
 
     @functools.cached_property
     def active_params(self) -> int:
@@ -253,7 +376,16 @@ class ModelSpec:
         """The published "activated" count of an MoE model: every parameter less the routed experts a token does
         not use (Qwen3-Next-80B-A3B: 3,874,929,408). Dense models: the total."""
         unused = sum(self.layer(i).expert_matrix - self.layer(i).active_expert_matrix for i in range(self.num_layers))
+        if self.mtp_layers:
+            last = self.layer(self.num_layers - 1)
+            unused += self.mtp_layers * (last.expert_matrix - last.active_expert_matrix)
         return self.total_params - unused
+
+    @property
+    def activated_nonembedding_params(self) -> int:
+        """``activated_params`` less the input embedding (and learned positions): the convention of OpenAI's
+        gpt-oss model card (Aug 2025: its "active parameters" count the unembedding, not the embedding)."""
+        return self.activated_params - self.embedding_params - self.position_params
     def summary(self) -> dict:
         full, lin = self.count_types(0, self.num_layers)
         return {
@@ -272,6 +404,9 @@ class ModelSpec:
             "total_params": self.total_params,
             "active_params": self.active_params,
             **({"activated_params": self.activated_params, **self.moe.summary()} if self.moe is not None else {}),
+            **({"mla": self.mla.summary()} if self.mla is not None else {}),
+            **({"sliding_window": self.window, "sliding_layers": sum(self.window_layers)} if self.window else {}),
+            **({"mtp_layers": self.mtp_layers, "mtp_params": self.mtp_params} if self.mtp_layers else {}),
         }
 
 
@@ -306,6 +441,9 @@ def from_hf_config(cfg: dict, name: str = "model", where: str | None = None) -> 
             raise ModelError(f"{where}: mixture-of-experts model_type '{mt}' is not modelled; allowed: "
                              f"{', '.join(sorted(HF_MOE_TYPES))}")
         moe = moe_from_hf(cfg, family, where)
+        if family in ("deepseek_v3", "gpt_oss"):
+            return _deepseek_v3(cfg, mt, moe, name, where, src) if family == "deepseek_v3" else \
+                _gpt_oss(cfg, mt, moe, name, where, src)
         # the dense-MLP width is the shared expert's (0: none); the routed experts live in ``moe``
         cfg = {**cfg, "intermediate_size": moe.shared_ffn}
         hf_type, mt = mt, {"qwen3_moe": "qwen3", "mixtral": "mistral"}.get(family, "qwen3_next")
@@ -370,8 +508,61 @@ def from_hf_config(cfg: dict, name: str = "model", where: str | None = None) -> 
             lin_k_dim=_need(cfg, "linear_key_head_dim", where), lin_v_dim=_need(cfg, "linear_value_head_dim", where),
             conv_kernel=cfg.get("linear_conv_kernel_dim", 4), **common,
         )
-    allowed = ", ".join(LLAMA_TYPES + HYBRID_TYPES + GPT2_TYPES + NEMOTRON_TYPES)
+    if mt in DEEPSEEK_TYPES + GPT_OSS_TYPES:
+        raise ModelError(f"{where}: {mt} without routed experts is not modelled; allowed: its mixture-of-experts "
+                         f"configs (n_routed_experts / num_local_experts > 1)")
+    allowed = ", ".join(LLAMA_TYPES + HYBRID_TYPES + GPT2_TYPES + NEMOTRON_TYPES + DEEPSEEK_TYPES + GPT_OSS_TYPES)
     raise ModelError(f"{where}: model_type '{mt}' is not supported; allowed: {allowed}")
+
+
+def _rope_theta(cfg: dict) -> float:
+    return float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+
+
+def _deepseek_v3(cfg: dict, mt: str, moe: MoESpec, name: str, where: str, src: str) -> ModelSpec:
+    """DeepSeek-V3 / Kimi K2 (transformers DeepseekV3Config): MLA, SwiGLU experts, RMSNorm, untied output."""
+    act = cfg.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise ModelError(f"{where}: hidden_act '{act}' is not supported; allowed: silu (SwiGLU)")
+    if cfg.get("attention_bias"):
+        raise ModelError(f"{where}: {mt} with attention_bias is not modelled; allowed: no attention biases")
+    mla = mla_from_hf(cfg, where)
+    h = _need(cfg, "hidden_size", where)
+    heads = _need(cfg, "num_attention_heads", where)
+    return ModelSpec(
+        name=name, family="deepseek_v3", model_type=mt, num_layers=_need(cfg, "num_hidden_layers", where), hidden=h,
+        ffn=moe.shared_ffn, heads=heads, kv_heads=heads, head_dim=mla.qk_head_dim, vocab=_need(cfg, "vocab_size", where),
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), moe=moe, mla=mla,
+        max_positions=cfg.get("max_position_embeddings", 4096), rope_theta=_rope_theta(cfg),
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), mtp_layers=int(cfg.get("num_nextn_predict_layers") or 0),
+        source=src,
+    )
+
+
+def _gpt_oss(cfg: dict, mt: str, moe: MoESpec, name: str, where: str, src: str) -> ModelSpec:
+    """GPT-OSS (transformers GptOssConfig): GQA with q/k/v/o biases and sinks, alternating sliding-window and
+    full attention (``layer_types``), biased experts and router, RMSNorm, untied output."""
+    h = _need(cfg, "hidden_size", where)
+    heads = _need(cfg, "num_attention_heads", where)
+    layers = _need(cfg, "num_hidden_layers", where)
+    types = cfg.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    if len(types) != layers:
+        raise ModelError(f"{where}: layer_types has {len(types)} entries for {layers} layers")
+    bad = sorted(set(types) - {"sliding_attention", "full_attention"})
+    if bad:
+        raise ModelError(f"{where}: layer_types {bad} are not modelled; allowed: sliding_attention, full_attention")
+    window = int(cfg.get("sliding_window") or 0)
+    if "sliding_attention" in types and window < 1:
+        raise ModelError(f"{where}: sliding_attention layers need 'sliding_window' >= 1")
+    return ModelSpec(
+        name=name, family="gpt_oss", model_type=mt, num_layers=layers, hidden=h, ffn=0, heads=heads,
+        kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=cfg.get("head_dim") or h // heads,
+        vocab=_need(cfg, "vocab_size", where), tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), moe=moe,
+        max_positions=cfg.get("max_position_embeddings", 4096), rope_theta=_rope_theta(cfg),
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-5)), attn_bias=bool(cfg.get("attention_bias", True)),
+        attn_out_bias=bool(cfg.get("attention_bias", True)), attn_sinks=True, window=window,
+        window_layers=tuple(t == "sliding_attention" for t in types), source=src,
+    )
 
 
 def from_geometry(*, name: str, layers: int, hidden: int, ffn: int, heads: int, vocab: int, mlp: str,

@@ -1,10 +1,12 @@
 """Mixture-of-experts geometry and parameters: the routed experts, the router and the shared expert.
 
-A ``MoESpec`` hangs off ``ModelSpec.moe`` (None for dense models). Every decoder layer of the bundled MoE
-models is an MoE layer (Megatron ``--moe-layer-freq`` all ones; Hugging Face ``decoder_sparse_step`` 1 and
-no ``mlp_only_layers``): the layer's MLP is the router, ``experts`` routed SwiGLU experts of width
+A ``MoESpec`` hangs off ``ModelSpec.moe`` (None for dense models). ``MoESpec.pattern`` says which decoder
+layers are MoE layers (Megatron ``--moe-layer-freq``; Hugging Face ``first_k_dense_replace`` /
+``moe_layer_freq`` for DeepSeek-V3, ``mlp_only_layers`` / ``decoder_sparse_step`` for the Qwen MoE families;
+empty: every layer). An MoE layer's MLP is the router, ``experts`` routed SwiGLU experts of width
 ``expert_ffn`` of which each token uses ``top_k``, and optionally a shared SwiGLU expert of width
-``shared_ffn`` scaled by a sigmoid gate (``Linear(hidden, 1)``).
+``shared_ffn`` (scaled by a sigmoid gate ``Linear(hidden, 1)`` in the Qwen families); a dense layer's MLP is
+a SwiGLU of ``dense_ffn``.
 
 Families (``MoESpec.family``), with the Hugging Face ``model_type`` they are read from:
 
@@ -14,6 +16,13 @@ Families (``MoESpec.family``), with the Hugging Face ``model_type`` they are rea
   with MoE layers and a gated shared expert. transformers ``Qwen3NextSparseMoeBlock``.
 * ``mixtral`` (Mixtral 8x7B): llama-style attention without QK-norm, no shared expert.
   transformers ``MixtralSparseMoeBlock``.
+* ``deepseek_v3`` (DeepSeek-V3, Kimi K2 ``kimi_k2``): multi-head latent attention (``attune.spec.mla``),
+  ``first_k_dense_replace`` dense first layers, ``n_shared_experts`` ungated shared experts of
+  ``moe_intermediate_size`` each, a sigmoid router with group-limited top-k and the ``e_score_correction_bias``
+  vector (``topk_method: noaux_tc``). transformers ``DeepseekV3MoE`` / ``DeepseekV3TopkRouter``.
+* ``gpt_oss`` (GPT-OSS-120B / -20B): experts with biases (``gate_up_proj_bias`` 2 x ffn, ``down_proj_bias``
+  hidden), a router with a bias, clamped SwiGLU (numerics only), no shared expert. transformers
+  ``GptOssExperts`` / ``GptOssTopKRouter``.
 
 Two parameter conventions: ``ModelSpec.total_params`` counts every expert; ``ModelSpec.activated_params``
 is the models' published "activated" count (the total less the routed experts a token does not use:
@@ -27,11 +36,12 @@ from dataclasses import dataclass
 
 from attune.errors import ModelError
 
-MOE_FAMILIES = ("qwen3_moe", "qwen3_next", "qwen3_5_moe", "mixtral")
+MOE_FAMILIES = ("qwen3_moe", "qwen3_next", "qwen3_5_moe", "mixtral", "deepseek_v3", "gpt_oss")
 """MoE families attune reads from a Hugging Face config."""
 
 HF_MOE_TYPES = {"qwen3_moe": "qwen3_moe", "qwen3_next": "qwen3_next", "qwen3_5_moe": "qwen3_5_moe",
-                "qwen3_5_moe_text": "qwen3_5_moe", "mixtral": "mixtral"}
+                "qwen3_5_moe_text": "qwen3_5_moe", "mixtral": "mixtral", "deepseek_v3": "deepseek_v3",
+                "kimi_k2": "deepseek_v3", "gpt_oss": "gpt_oss"}
 """Hugging Face ``model_type`` -> MoE family."""
 
 
@@ -52,8 +62,28 @@ class MoESpec:
     shared_gate: bool = False
     """The shared expert's output is scaled by sigmoid(Linear(hidden, 1)) (``--moe-shared-expert-gate``)."""
     dense_ffn: int = 0
-    """The config's dense ``intermediate_size`` (no layer uses it when every layer is MoE; slime's scripts
-    still pass it as ``--ffn-hidden-size``); 0: not given."""
+    """The config's dense ``intermediate_size``: the SwiGLU width of the dense (non-MoE) layers (slime's scripts
+    pass it as ``--ffn-hidden-size`` even when every layer is MoE); 0: not given."""
+    pattern: tuple[int, ...] = ()
+    """Per decoder layer 1 (MoE) or 0 (dense MLP of ``dense_ffn``), Megatron ``--moe-layer-freq`` as a list;
+    empty: every layer is an MoE layer."""
+    shared_experts: int = 0
+    """Shared experts (DeepSeek ``n_shared_experts``); ``shared_ffn`` is their summed width (informational)."""
+    score: str = "softmax"
+    """Router scoring: ``softmax`` or ``sigmoid`` (``--moe-router-score-function``); numerics only, the router's
+    FLOPs and memory are the same."""
+    router_bias: bool = False
+    """The router has a per-expert bias vector: DeepSeek's ``e_score_correction_bias`` (``noaux_tc``;
+    ``--moe-router-enable-expert-bias``) or GPT-OSS's Linear bias."""
+    expert_bias: bool = False
+    """Every routed expert's linears have biases (GPT-OSS: gate_up 2 x ffn, down hidden)."""
+    num_groups: int = 0
+    """Expert groups of group-limited routing (HF ``n_group``; ``--moe-router-num-groups``); 0: none."""
+    group_topk: int = 0
+    """Groups each token may use (HF ``topk_group``; ``--moe-router-group-topk``); 0: none."""
+    topk_scaling: float = 0.0
+    """Scale on the routed experts' weights (HF ``routed_scaling_factor``; ``--moe-router-topk-scaling-factor``);
+    0: none."""
 
     def __post_init__(self) -> None:
         if self.family not in MOE_FAMILIES:
@@ -67,11 +97,25 @@ class MoESpec:
             raise ModelError(f"MoE shared expert width must be >= 0 (got {self.shared_ffn})")
         if self.shared_gate and not self.shared_ffn:
             raise ModelError("MoE shared-expert gate without a shared expert (shared_ffn 0)")
+        if any(x not in (0, 1) for x in self.pattern):
+            raise ModelError(f"MoE layer pattern must hold 0 (dense) or 1 (MoE) per layer (got {self.pattern})")
+        if self.pattern and not any(self.pattern):
+            raise ModelError("MoE layer pattern has no MoE layer; allowed: at least one 1")
+        if self.score not in ("softmax", "sigmoid"):
+            raise ModelError(f"MoE router score '{self.score}' is not modelled; allowed: softmax, sigmoid")
+        if self.pattern and 0 in self.pattern and self.dense_ffn < 1:
+            raise ModelError("MoE dense layers need the dense MLP width (intermediate_size)")
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Whether decoder layer ``i`` (0-based) is an MoE layer."""
+        return not self.pattern or bool(self.pattern[i])
 
     # ---------------------------------------------------------------- parameters of one MoE layer
     def expert_params(self, hidden: int) -> int:
-        """One routed SwiGLU expert: gate and up (hidden x ffn each) and down (ffn x hidden)."""
-        return 3 * hidden * self.expert_ffn
+        """One routed SwiGLU expert: gate and up (hidden x ffn each) and down (ffn x hidden), plus GPT-OSS's
+        biases (gate_up 2 x ffn, down hidden: sharded with the expert, so counted with it)."""
+        bias = 2 * self.expert_ffn + hidden if self.expert_bias else 0
+        return 3 * hidden * self.expert_ffn + bias
 
     def routed_params(self, hidden: int) -> int:
         """All routed experts of one layer (sharded by EP x ETP in Megatron)."""
@@ -82,8 +126,12 @@ class MoESpec:
         return self.top_k * self.expert_params(hidden)
 
     def router_params(self, hidden: int) -> int:
-        """The router's Linear(hidden, experts), no bias (HF ``gate``; Megatron ``TopKRouter.weight``)."""
+        """The router's Linear(hidden, experts) weight (HF ``gate``; Megatron ``TopKRouter.weight``)."""
         return self.experts * hidden
+
+    def router_vectors(self) -> int:
+        """The router's per-expert bias (DeepSeek ``e_score_correction_bias``, GPT-OSS ``router.bias``), 0 without."""
+        return self.experts if self.router_bias else 0
 
     def shared_params(self, hidden: int) -> int:
         """The shared SwiGLU expert plus its Linear(hidden, 1) gate."""
@@ -96,30 +144,67 @@ class MoESpec:
 
     def summary(self) -> dict:
         return {"moe_family": self.family, "experts": self.experts, "top_k": self.top_k,
-                "expert_ffn": self.expert_ffn, "shared_ffn": self.shared_ffn, "shared_gate": self.shared_gate}
+                "expert_ffn": self.expert_ffn, "shared_ffn": self.shared_ffn, "shared_gate": self.shared_gate,
+                **({"dense_layers": self.pattern.count(0)} if self.pattern else {})}
+
+
+def _pattern_from_hf(cfg: dict, family: str, layers: int) -> tuple[int, ...]:
+    """Per-layer MoE flags as transformers builds the layers; () when every layer is MoE."""
+    if family == "deepseek_v3":
+        # DeepseekV3DecoderLayer: MoE iff layer_idx >= first_k_dense_replace and layer_idx % moe_layer_freq == 0
+        k, f = int(cfg.get("first_k_dense_replace") or 0), int(cfg.get("moe_layer_freq") or 1)
+        pat = tuple(int(i >= k and i % f == 0) for i in range(layers))
+    elif family in ("qwen3_moe", "qwen3_next", "qwen3_5_moe"):
+        # Qwen3MoeDecoderLayer: MoE iff layer_idx not in mlp_only_layers and (layer_idx + 1) % decoder_sparse_step == 0
+        only = set(cfg.get("mlp_only_layers") or ())
+        step = int(cfg.get("decoder_sparse_step") or 1)
+        pat = tuple(int(i not in only and (i + 1) % step == 0) for i in range(layers))
+    else:  # mixtral, gpt_oss: every layer
+        return ()
+    return () if all(pat) else pat
 
 
 def moe_from_hf(cfg: dict, family: str, where: str) -> MoESpec:
     """The MoE part of a Hugging Face config (text config already unwrapped)."""
-    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts")
     if not experts:
         raise ModelError(f"{where}: MoE config is missing the field 'num_experts'")
     top_k = cfg.get("num_experts_per_tok")
     if not top_k:
         raise ModelError(f"{where}: MoE config is missing the field 'num_experts_per_tok'")
-    if cfg.get("mlp_only_layers") or (cfg.get("decoder_sparse_step") or 1) != 1:
-        raise ModelError(f"{where}: MoE configs with dense layers (mlp_only_layers / decoder_sparse_step != 1) are "
-                         f"not modelled; allowed: every layer an MoE layer")
-    if family == "mixtral":
+    if family in ("mixtral", "gpt_oss"):
         ffn = cfg.get("intermediate_size")
     else:
         ffn = cfg.get("moe_intermediate_size")
     if not ffn:
         raise ModelError(f"{where}: MoE config is missing the expert width ('moe_intermediate_size')")
-    shared = int(cfg.get("shared_expert_intermediate_size") or 0) if family in ("qwen3_next", "qwen3_5_moe") else 0
-    dense_ffn = int(ffn) if family == "mixtral" else int(cfg.get("intermediate_size") or 0)  # Megatron's Mixtral: ffn = expert width
+    layers = cfg.get("num_hidden_layers")
+    if not layers:
+        raise ModelError(f"{where}: MoE config is missing the field 'num_hidden_layers'")
+    pattern = _pattern_from_hf(cfg, family, int(layers))
+    n_shared = 0
+    if family in ("qwen3_next", "qwen3_5_moe"):
+        shared = int(cfg.get("shared_expert_intermediate_size") or 0)
+    elif family == "deepseek_v3":
+        n_shared = int(cfg.get("n_shared_experts") or 0)
+        shared = n_shared * int(ffn)  # DeepseekV3MoE.shared_experts: one MLP of moe_intermediate_size x n_shared
+    else:
+        shared = 0
+    # Megatron's Mixtral and GPT-OSS: the dense width is the expert width
+    dense_ffn = int(ffn) if family in ("mixtral", "gpt_oss") else int(cfg.get("intermediate_size") or 0)
+    extra = {}
+    if family == "deepseek_v3":
+        scoring = cfg.get("scoring_func", "softmax")
+        if scoring not in ("softmax", "sigmoid"):
+            raise ModelError(f"{where}: scoring_func '{scoring}' is not modelled; allowed: softmax, sigmoid")
+        extra = dict(score=scoring, router_bias=cfg.get("topk_method") == "noaux_tc",
+                     num_groups=int(cfg.get("n_group") or 0), group_topk=int(cfg.get("topk_group") or 0),
+                     topk_scaling=float(cfg.get("routed_scaling_factor") or 0.0), shared_experts=n_shared)
+    elif family == "gpt_oss":
+        extra = dict(router_bias=True, expert_bias=True)
     return MoESpec(family=family, experts=int(experts), top_k=int(top_k), expert_ffn=int(ffn), shared_ffn=shared,
-                   shared_gate=shared > 0, dense_ffn=dense_ffn or shared)
+                   shared_gate=shared > 0 and family != "deepseek_v3", dense_ffn=dense_ffn or shared,
+                   pattern=pattern, **extra)
 
 
 # ---------------------------------------------------------------------- layout rules (called by attune.spec.rules)
@@ -138,8 +223,9 @@ def moe_rules(layout, model) -> list[str]:
         if L.ep > 1 or L.etp > 1:
             e.append(f"EP {L.ep} / ETP {L.etp}: expert parallelism needs a mixture-of-experts model; "
                      f"{model.name} is dense (allowed: EP 1, ETP 1)")
-        if L.moe_dispatcher is not None or L.moe_grouped_gemm or L.moe_capacity_factor is not None:
-            e.append(f"MoE options (dispatcher, grouped GEMM, capacity factor) need a mixture-of-experts model; "
+        if (L.moe_dispatcher is not None or L.moe_grouped_gemm or L.moe_capacity_factor is not None
+                or L.moe_force_balance):
+            e.append(f"MoE options (dispatcher, grouped GEMM, capacity factor, forced balance) need a mixture-of-experts model; "
                      f"{model.name} is dense")
         return e
     if moe.experts % L.ep:
@@ -164,14 +250,42 @@ SLIME_MOE_COMMON = ("--moe-router-score-function", "softmax", "--moe-token-drop-
 the layout (``attune.spec.flags.to_flags``)."""
 
 
+def layer_freq_arg(moe: MoESpec, num_layers: int) -> str:
+    """``--moe-layer-freq`` as Megatron parses it (a Python list expression, arguments.py
+    ``moe_freq_type``): every layer MoE -> the explicit list of ones slime's scripts write; dense layers ->
+    runs, e.g. DeepSeek-V3 ``([0]*3+[1]*58)`` (slime scripts/models/deepseek-v3.sh writes this form)."""
+    pat = moe.pattern or (1,) * num_layers
+    if all(pat):
+        return "[" + ", ".join(["1"] * num_layers) + "]"
+    runs: list[list[int]] = []
+    for x in pat:
+        if runs and runs[-1][0] == x:
+            runs[-1][1] += 1
+        else:
+            runs.append([x, 1])
+    if len(runs) > 2:  # alternating patterns: the explicit list reads better than many runs
+        return "[" + ", ".join(str(x) for x in pat) + "]"
+    return "(" + "+".join(f"[{x}]*{n}" for x, n in runs) + ")"
+
+
 def moe_model_args(moe: MoESpec, num_layers: int) -> list[str]:
-    """The MoE part of slime's MODEL_ARGS for a model (scripts/models/qwen3-30B-A3B.sh and the others)."""
+    """The MoE part of slime's MODEL_ARGS for a model (scripts/models/qwen3-30B-A3B.sh and the others);
+    DeepSeek-V3 / Kimi K2 add the sigmoid router with expert bias, group-limited routing and the top-k
+    scaling factor where the config has them."""
     a = ["--num-experts", str(moe.experts), "--moe-router-topk", str(moe.top_k),
          "--moe-ffn-hidden-size", str(moe.expert_ffn)]
     if moe.shared_ffn:
         a += ["--moe-shared-expert-intermediate-size", str(moe.shared_ffn)]
     if moe.shared_gate:
         a.append("--moe-shared-expert-gate")
-    a += list(SLIME_MOE_COMMON)
-    a += ["--moe-layer-freq", "[" + ", ".join(["1"] * num_layers) + "]"]
+    common = list(SLIME_MOE_COMMON)
+    common[common.index("--moe-router-score-function") + 1] = moe.score
+    a += common
+    if moe.router_bias and moe.family == "deepseek_v3":
+        a.append("--moe-router-enable-expert-bias")  # e_score_correction_bias (noaux_tc)
+    if moe.topk_scaling:
+        a += ["--moe-router-topk-scaling-factor", f"{moe.topk_scaling:g}"]
+    if moe.num_groups > 1:
+        a += ["--moe-router-num-groups", str(moe.num_groups), "--moe-router-group-topk", str(moe.group_topk)]
+    a += ["--moe-layer-freq", layer_freq_arg(moe, num_layers)]
     return a

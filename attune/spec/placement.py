@@ -15,7 +15,7 @@ from attune.errors import LayoutError
 
 from .engine import Engine
 from .layout import Layout, Workload
-from .model import FULL, LINEAR, ModelSpec
+from .model import ModelSpec
 from .pipeline_layout import accounted_stage_counts, layout_stage_counts
 
 
@@ -125,8 +125,11 @@ def stage_params(model: ModelSpec, layout: Layout, rank: int,
                  chunks: Sequence[tuple[int, int]] | None = None) -> float:
     """Parameters one GPU of pipeline rank ``rank`` holds: the one stage-parameter count.
 
-    ``per_layer(kind)`` gives one layer's parameters on one GPU for each layer type (FULL, LINEAR), with
-    the engine's TP sharding; None counts unsharded layers (and TP = 1 for the embedding and output).
+    ``per_layer(kind)`` gives one layer's parameters on one GPU for each layer kind (``ModelSpec.layer_kind``:
+    FULL, SLIDING, LINEAR, and their dense-MLP variants in MoE models, so a stage holding DeepSeek-V3's dense
+    first layers counts their dense MLPs), with the engine's TP sharding; None counts unsharded layers (and
+    TP = 1 for the embedding and output). Routed-expert parameters are not in ``per_layer`` (the estimator adds
+    them for the stage's MoE layers only: ``attune.estimator.moe.stage_expert_params``).
     ``chunks``: the rank's [start, stop) layer ranges when the caller has them (``Placement``).
     The input embedding and learned positions sit on the first stage (embedding split by TP), the
     output layer and final norm on the last. A tied output layer is a second copy only when the first
@@ -139,8 +142,7 @@ def stage_params(model: ModelSpec, layout: Layout, rank: int,
         if per_layer is None:
             n += sum(model.layer(i).total for i in range(a, z))
         else:
-            full, lin = model.count_types(a, z)
-            n += full * per_layer(FULL) + (lin * per_layer(LINEAR) if lin else 0.0)
+            n += sum(k * per_layer(kind) for kind, k in model.count_kinds(a, z))
     tp = layout.tp if per_layer is not None else 1
     if rank == 0:
         n += model.embedding_params / tp + model.position_params
@@ -161,9 +163,19 @@ class Chunk:
     stop: int
     """One past the last layer."""
     full: int
-    """Softmax-attention layers in the chunk."""
+    """Softmax-attention layers in the chunk (sliding-window and latent attention included)."""
     linear: int
     """Gated DeltaNet layers in the chunk."""
+    kinds: tuple[tuple[str, int], ...] = ()
+    """(layer kind, layers) of the chunk (``ModelSpec.count_kinds``): what the per-kind costs multiply."""
+    moe: int = 0
+    """MoE layers in the chunk (their routed experts are costed by attune.estimator.moe); 0 for dense models."""
+
+    def __post_init__(self) -> None:
+        if self.full + self.linear != self.layers or (self.kinds and sum(n for _, n in self.kinds) != self.layers):
+            raise LayoutError(f"chunk [{self.start}, {self.stop}): layer counts do not add up")
+        if not 0 <= self.moe <= self.layers:
+            raise LayoutError(f"chunk [{self.start}, {self.stop}): {self.moe} MoE layers out of {self.layers}")
 
     @property
     def layers(self) -> int:
@@ -190,6 +202,11 @@ class StagePlacement:
         return sum(c.layers for c in self.chunks)
 
     @property
+    def moe_layers(self) -> int:
+        """MoE layers of the rank (routed experts held): the dense layers of an MoE model hold none."""
+        return sum(c.moe for c in self.chunks)
+
+    @property
     def ranges(self) -> list[tuple[int, int]]:
         """The chunks' [start, stop) layer ranges."""
         return [(c.start, c.stop) for c in self.chunks]
@@ -212,7 +229,8 @@ def place(model: ModelSpec, layout: Layout, workload: Workload, engine: Engine) 
     p = layout.pp
     stages = []
     for r, chunks in enumerate(ranges):
-        cs = tuple(Chunk(start=a, stop=z, full=model.count_types(a, z)[0], linear=model.count_types(a, z)[1])
+        cs = tuple(Chunk(start=a, stop=z, full=model.count_types(a, z)[0], linear=model.count_types(a, z)[1],
+                         kinds=model.count_kinds(a, z), moe=model.count_moe(a, z))
                    for (a, z) in chunks)
         stages.append(StagePlacement(rank=r, chunks=cs, inflight=inflight_microbatches(layout, r, b.microbatches),
                                      is_first=r == 0, is_last=r == p - 1))

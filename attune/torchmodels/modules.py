@@ -20,7 +20,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from attune.spec.model import LINEAR, ModelSpec
-from attune.torchmodels.moe_block import MoEBlock
+from attune.torchmodels.expert_parallel import ExpertParallel
+from attune.torchmodels.moe_block import LocalExperts, MoEBlock
 
 # Standard deviation of the normal init of matrices and embeddings: GPT-2 / Megatron `init_method_std` default.
 INIT_STD = 0.02
@@ -278,14 +279,14 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, index: int, device=None):
+    def __init__(self, spec: ModelSpec, index: int, device=None, ep: ExpertParallel | None = None):
         super().__init__()
         self.index = index  # global layer number (seeds its init)
         self.kind = spec.layer_type(index)
         self.input_norm = make_norm(spec, spec.hidden, device)
         self.mixer = GatedDeltaNet(spec, device) if self.kind == LINEAR else Attention(spec, device)
         self.post_norm = make_norm(spec, spec.hidden, device)
-        self.mlp = MoEBlock(spec, device) if spec.moe is not None else MLP(spec, device)  # MoE: issue 14
+        self.mlp = MoEBlock(spec, device, ep) if spec.moe is not None else MLP(spec, device)  # MoE: issue 14
 
     def forward(self, x: torch.Tensor, rope) -> torch.Tensor:
         x = x + self.mixer(self.input_norm(x), rope)
@@ -298,18 +299,19 @@ class CausalLMStage(nn.Module):
 
     With tied embeddings and a last stage that is not also the first, the last stage holds its own copy
     of the embedding matrix as `lm_head` (Megatron's convention); the runner keeps the copies in sync
-    by summing their gradients.
+    by summing their gradients. With ``ep`` (MoE models, EP > 1) each MoE block holds this rank's share of the
+    routed experts and exchanges tokens with its EP group.
     """
 
     def __init__(self, spec: ModelSpec, start: int = 0, stop: int | None = None, first: bool = True,
-                 last: bool = True, device=None):
+                 last: bool = True, device=None, ep: ExpertParallel | None = None):
         super().__init__()
         stop = spec.num_layers if stop is None else stop
         self.spec, self.start, self.stop, self.first, self.last = spec, start, stop, first, last
         self.embed = nn.Embedding(spec.vocab, spec.hidden, device=device) if first else None
         self.pos = (nn.Embedding(spec.max_positions, spec.hidden, device=device)
                     if first and spec.positions == "learned" else None)
-        self.layers = nn.ModuleList(DecoderLayer(spec, i, device) for i in range(start, stop))
+        self.layers = nn.ModuleList(DecoderLayer(spec, i, device, ep) for i in range(start, stop))
         self.final_norm = make_norm(spec, spec.hidden, device) if last else None
         self.lm_head = None
         if last and not (first and spec.tied_embeddings):
@@ -362,9 +364,10 @@ class CausalLMStage(nn.Module):
 
 
 def build_model(spec: ModelSpec, start: int = 0, stop: int | None = None, first: bool = True, last: bool = True,
-                seed: int | None = 0, device=None) -> CausalLMStage:
-    """A stage (or, by default, the whole model), initialised from `seed` unless on the meta device or seed is None."""
-    m = CausalLMStage(spec, start, stop, first, last, device=device)
+                seed: int | None = 0, device=None, ep: ExpertParallel | None = None) -> CausalLMStage:
+    """A stage (or, by default, the whole model), initialised from `seed` unless on the meta device or seed is None.
+    ``ep``: this rank's expert-parallel place (MoE models); its experts get exactly the weights they have at EP 1."""
+    m = CausalLMStage(spec, start, stop, first, last, device=device, ep=ep)
     if seed is not None and torch.device(device or "cpu").type != "meta":
         init_weights(m, seed)
     return m
@@ -375,12 +378,27 @@ def _generator(seed: int, slot: int) -> torch.Generator:
 
 
 def _init_module(module: nn.Module, gen: torch.Generator) -> None:
-    """Fill every parameter of `module` in registration order from `gen` (values drawn on CPU, then copied)."""
+    """Fill every parameter of `module` in registration order from `gen` (values drawn on CPU, then copied).
+    Routed experts draw the full expert set in order and keep this rank's share, so every EP size initialises an
+    expert identically."""
 
     def normal(p: torch.Tensor, std: float = INIT_STD) -> None:
         p.copy_(torch.randn(p.shape, generator=gen) * std)
 
+    skip: set[int] = set()
     for m in module.modules():
+        if id(m) in skip:
+            continue
+        if isinstance(m, LocalExperts):
+            skip.update(id(s) for s in m.modules())
+            linears = [mod for mod in m[0].modules() if isinstance(mod, nn.Linear)]  # one expert's, in order
+            for e in range(m.total):
+                for j, lin in enumerate(linears):
+                    w = torch.randn(lin.weight.shape, generator=gen) * INIT_STD
+                    if m.first <= e < m.first + len(m):
+                        target = [mod for mod in m[e - m.first].modules() if isinstance(mod, nn.Linear)][j]
+                        target.weight.copy_(w)
+            continue
         if isinstance(m, nn.Linear):
             normal(m.weight)
             if m.bias is not None:

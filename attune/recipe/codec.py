@@ -88,7 +88,8 @@ def to_recipe_block(layout: Layout, model: ModelSpec, batch: Batching | None = N
                + (f"experts over EP {L.ep} x ETP {L.etp}, {L.moe_dispatcher or 'allgather'} dispatcher"
                   if model.moe is not None else "dense model, no experts"))
     return {
-        "label": f"TP{L.tp} PP{L.pp} DP{L.dp}" + (f" CP{L.cp}" if L.cp > 1 else ""),
+        "label": f"TP{L.tp} PP{L.pp} DP{L.dp}" + (f" CP{L.cp}" if L.cp > 1 else "")
+                 + (f" EP{L.ep}" if L.ep > 1 else "") + (f" ETP{L.etp}" if L.etp > 1 else ""),
         "summary": summary,
         "highlights": f"{split} layer split, {rec_text}, {off}",
         "tp": L.tp, "pp": L.pp, "vpp": L.vpp, "cp": L.cp, "ep": L.ep, "etp": L.etp, "dp": L.dp,

@@ -74,7 +74,12 @@ def test_corpus_expresses_every_dense_bf16_row():
     mem = {r.id: r for r in corpus.rows if r.file == "memory.yaml"}
     k = mem["mem-korthikanti2022-fig1-gpt3-175b-none"]
     assert k.expressed and k.memory.fits is False and set(k.memory.components_gib) == {"states", "activations"}
-    assert not mem["mem-mbridge-skill-moonlight16b-h100-8g-recompute-none"].expressed
+    # issue 14: the Moonlight (MLA + MoE) rows are expressed, their recompute modules read from the row
+    ml = {k: r for k, r in mem.items() if "moonlight" in k}
+    assert len(ml) == 6 and all(r.expressed and r.layout.ep == 8 for r in ml.values())
+    assert ml["mem-mbridge-skill-moonlight16b-h100-8g-recompute-none"].layout.recompute_granularity == "none"
+    assert ml["mem-mbridge-skill-moonlight16b-h100-8g-recompute-mla_up_proj-mlp"].layout.recompute_modules == (
+        "mla_up_proj", "mlp")
 
 
 def test_rows_it_cannot_express_keep_the_reason():

@@ -39,6 +39,7 @@ VARIANTS = {
     "moe_shared_expert_overlap": dict(moe_shared_expert_overlap=True),
     "moe_capacity_factor": dict(moe_capacity_factor=1.25),
     "moe_force_balance": dict(moe_force_balance=True),
+    "mtp_layers": dict(mtp_layers=1),
     "sp": dict(sp=True),
     "first": dict(first=30),
     "last": dict(last=30),
@@ -65,7 +66,8 @@ VARIANTS = {
     "offload_modules": dict(offload_modules=("core_attn", "attn_proj")),
 }
 # Layout fields that are numerics, not layout, by their flags' class: --bf16 / --fp16 change the arithmetic.
-NUMERICS_FIELDS = {"precision", "moe_capacity_factor", "moe_force_balance"}  # dropping or re-routing tokens changes the loss
+NUMERICS_FIELDS = {"precision", "moe_capacity_factor", "moe_force_balance",  # dropping or re-routing tokens changes the loss
+                   "mtp_layers"}  # multi-token prediction adds a loss term
 
 
 def _flags_of(owner: str, name: str) -> list[FlagSpec]:

@@ -22,6 +22,7 @@ from attune.spec.engine import ENGINES, Engine, get_engine
 from attune.spec.hardware import GPUS, GiB, parse_cluster
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec, from_geometry, load_model
+from attune.spec.knobs import RECOMPUTE_MODULES
 from attune.spec.moe import MOE_FAMILIES
 from attune.spec.rules import check
 
@@ -123,9 +124,17 @@ def _recompute(value, assumptions: list[str]) -> dict:
     if v.startswith("none"):
         return dict(recompute_granularity="none")
     if v.startswith("selective"):
-        if "recompute_modules" in v and "core_attn" not in v and "[]" not in v:
-            raise _Unexpressed(f"recompute '{value}': only core-attention selective recompute is modelled")
-        return dict(recompute_granularity="selective") if "[]" not in v else dict(recompute_granularity="none")
+        if "recompute_modules" in v:
+            # "selective recompute_modules `mla_up_proj`, `mlp`": the named modules (Megatron --recompute-modules)
+            names = tuple(re.findall(r"`(\w+)`", str(value)))
+            unknown = [n for n in names if n not in RECOMPUTE_MODULES]
+            if unknown:
+                raise _Unexpressed(f"recompute '{value}': module(s) {', '.join(unknown)} not modelled; allowed: "
+                                   f"{', '.join(RECOMPUTE_MODULES)}")
+            if not names:
+                return dict(recompute_granularity="none")  # recompute_modules `[]`: nothing recomputed
+            return dict(recompute_granularity="selective", recompute_modules=names)
+        return dict(recompute_granularity="selective")
     if v.startswith("full"):
         # DeepSpeed's --checkpoint-activations and Megatron's full recompute keep each layer's input
         return dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
@@ -270,7 +279,8 @@ def _series(row: dict) -> str:
 # MoE corpus models attune bundles (issue 14): the corpus name -> the bundled model. Others (DeepSeek-V4, Nemotron 3:
 # Mamba hybrids; DeepSeek-V3 rows that train the MTP layer: all low precision) are listed as not modelled.
 MOE_MODELS = {"qwen3_235b_a22b": "Qwen3-235B-A22B", "qwen3_30b_a3b": "Qwen3-30B-A3B", "gpt oss 120b": "GPT-OSS-120B",
-              "deepseekv3 (w/o mtp)": "DeepSeek-V3", "kimi_k2": "Kimi-K2"}
+              "deepseekv3 (w/o mtp)": "DeepSeek-V3", "kimi_k2": "Kimi-K2",
+              "moonlight 16b (1 dense + 26 mla+moe layers)": "Moonlight-16B-A3B"}
 
 
 def _moe_layout(row: dict, layout: Layout, model: ModelSpec, engine: Engine, wl: Workload,

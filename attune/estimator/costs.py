@@ -43,6 +43,7 @@ class LayerCost:
     cp_bytes: float  # CP traffic per GPU per forward, bytes
     params_on_gpu: float  # parameters of this layer held by one GPU
     selective_freed_bytes: float = 0.0  # of ``saved``: what selective (core-attention) recompute does not keep
+    mla_up_flops: float = 0.0  # of the forward GEMM FLOPs: MLA's q and kv up projections (``mla_up_proj`` recompute)
 
     @property
     def act_bytes(self) -> float:
@@ -162,6 +163,13 @@ def _mla_mixer(m: ModelSpec, T: float, t: int, hd: int) -> tuple[list[Saved], tu
     return saved, tuple(gemm), dqk, dv, H
 
 
+def _mla_up_flops(m: ModelSpec, T: float, t: int) -> float:
+    """Forward FLOPs of MLA's q and kv up projections on one GPU (what ``mla_up_proj`` recompute runs again)."""
+    a, H = m.mla, m.heads
+    return 2 * T * (a.q_lora_rank or m.hidden) * H * a.qk_head_dim / t + 2 * T * a.kv_lora_rank * H * (
+        a.qk_nope_head_dim + a.v_head_dim) / t
+
+
 def _full(m: ModelSpec, e: Engine, s: Shape, kind: str = FULL) -> LayerCost:
     if m.mla is not None:
         return _mla(m, e, s, kind)
@@ -269,7 +277,7 @@ def _mla(m: ModelSpec, e: Engine, s: Shape, kind: str) -> LayerCost:
     return LayerCost(
         saved=tuple(saved), input_bytes=T * BF16 * h / hd, bwd_work_bytes=work, gemm=gemm, attn_flops=attn,
         gdn_flops=0.0, tp_coll_fwd=n_coll, tp_coll_bwd=n_coll, tp_coll_bytes=BF16 * T * h, tp_allreduce=not s.sp,
-        cp_bytes=kv_cp, params_on_gpu=(p.matrix - rep) / t + rep + p.vectors,
+        cp_bytes=kv_cp, params_on_gpu=(p.matrix - rep) / t + rep + p.vectors, mla_up_flops=_mla_up_flops(m, T, t),
     )
 
 
@@ -369,3 +377,38 @@ def layer_costs(m: ModelSpec, e: Engine, s: Shape) -> dict[str, LayerCost]:
 def logits_flops(m: ModelSpec, s: Shape) -> tuple[float, float]:
     """Forward output-layer GEMM FLOPs and its smallest dimension."""
     return 2 * s.tokens * m.hidden * m.vocab / s.tp, min(s.tokens, m.hidden, m.vocab / s.tp)
+
+
+# ---------------------------------------------------------------------- multi-token prediction
+def mtp_saved(m: ModelSpec, s: Shape) -> tuple[Saved, ...]:
+    """What one multi-token-prediction layer saves besides its transformer layer, one microbatch on one GPU
+    (megatron-core multi_token_prediction.py MultiTokenPredictionLayer: enorm(embedding of the tokens shifted
+    by one) and hnorm(previous depth's hidden state), concatenated, eh_proj Linear(2h, h), one transformer layer,
+    the final norm, then the shared output layer and the MTP loss)."""
+    T, h = s.tokens, m.hidden
+    hd = s.tp if s.sp else 1
+    st = _norm_stats(m)
+    return (
+        Saved("MTP enorm and hnorm inputs: the shifted tokens' embedding and the hidden state (TENorm)",
+              2 * T * BF16 * h / hd),
+        Saved("MTP enorm and hnorm statistics (fp32)", 2 * T * FP32 * st / hd),
+        # eh_proj is column-parallel: it keeps its (sequence-local under SP) input for wgrad; its output, gathered
+        # over TP (and scattered back to the sequence shard under SP), is the transformer layer's input, which the
+        # layer's own first saved tensor already counts
+        Saved("MTP eh_proj input: normalised embedding and hidden state concatenated (2h wide)", T * BF16 * 2 * h / hd),
+        Saved("MTP final norm input and statistics", T * (BF16 * h + FP32 * st) / hd),
+        Saved("MTP output-layer input (final norm output; the shared output layer runs again)", T * BF16 * h / hd),
+    )
+
+
+def mtp_logits_bytes(m: ModelSpec, s: Shape) -> float:
+    """The MTP loss's logits on one GPU: megatron-core computes it with vocab_parallel_cross_entropy, which works
+    on an fp32 copy of the [tokens, vocab / TP] logits and keeps it for backward."""
+    return FP32 * s.tokens * m.vocab / s.tp
+
+
+def mtp_gemm(m: ModelSpec, s: Shape) -> tuple[tuple[float, float], ...]:
+    """Forward GEMMs of one MTP layer besides its transformer layer: eh_proj (2h -> h, column-parallel) and the
+    shared output layer run again: (FLOPs, smallest dimension)."""
+    T, h = s.tokens, m.hidden
+    return ((2 * T * 2 * h * h / s.tp, min(T, 2 * h, h / s.tp)), logits_flops(m, s))

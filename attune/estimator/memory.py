@@ -5,10 +5,11 @@ states (GPU share) + the tensors each layer saves for backward (``attune.estimat
 kernel, no global multiplier) for the in-flight microbatches of 1F1B / interleaved schedules under the
 recompute policy + the backward working set (one layer rebuilt by recompute, its gradients and kernel
 state; the embedding's dense gradient on the first stage) + the logits and loss buffers on the last stage
-+ GEMM workspaces (and TE userbuffers with TP overlap). The reserved peak (``max_memory_reserved``) adds
-allocator fragmentation as a fraction of the allocated peak; the device holds on top the CUDA context and
-the NCCL buffers of every communicator the layout creates. The verdict compares that total with the GPU's
-memory. Formulas: reference megatron-memory-and-performance.md sections 1-5, slime-and-qwen.md 4.3.
+(and its multi-token-prediction layers with their fp32 logits: ``Layout.mtp_layers``) + GEMM workspaces
+(and TE userbuffers with TP overlap). The reserved peak (``max_memory_reserved``) adds allocator
+fragmentation as a fraction of the allocated peak; the device holds on top the CUDA context and the NCCL
+buffers of every communicator the layout creates. The verdict compares that total with the GPU's memory.
+Formulas: reference megatron-memory-and-performance.md sections 1-5, slime-and-qwen.md 4.3.
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from .coefficients import DEFAULT, Coefficients
-from attune.estimator.costs import BF16, FP32, Shape, layer_costs
+from attune.estimator.costs import BF16, FP32, Shape, layer_costs, mtp_logits_bytes, mtp_saved
 from attune.estimator import offload as knob_terms
 from attune.estimator import moe as moe_terms
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster, GiB
-from attune.spec.placement import Batching, Placement, place, stage_params
+from attune.spec.placement import Batching, Placement, mtp_kind, place, stage_params
 from attune.spec.layout import Layout, Workload
-from attune.spec.model import FULL, LINEAR, ModelSpec, mixer_of
+from attune.spec.model import FULL, LINEAR, ModelSpec, is_dense_kind
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 """Bytes per element of the optimizer-state dtypes (``--exp-avg-dtype`` / ``--exp-avg-sq-dtype``)."""
@@ -299,6 +300,11 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload
                                        fp16_grads_in_fp32=engine.fp16_grads_in_fp32)
         eo_b -= ecopy_b
     e_act = moe_terms.expert_activation_bytes(model, layout, shape)
+    if layout.recompute_granularity == "selective" and model.moe is not None:
+        # moe / moe_act recompute: the routed tensors they do not keep leave the breakdown's expert activations
+        moe_kind = next((k for k in costs if not is_dense_kind(k)), None)
+        if moe_kind is not None:
+            e_act -= knob_terms.routed_freed_bytes(costs[moe_kind], moe_kind, layout, model, engine)
     selective = layout.recompute_granularity == "selective"
     act_scale = FP32 / BF16 if cpu else 1.0  # activations are fp32 on CPU workers, bf16 on GPUs
     frag = 0.0 if cpu else (coef.fragmentation_expandable if engine.expandable_segments else coef.fragmentation)
@@ -327,9 +333,9 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload
                 # issue 15: selective recompute by module and activation offloading (attune.estimator.offload)
                 kept_off = 0.0
                 for kind, n in kinds:
-                    c, mix = costs[kind], mixer_of(kind)
-                    k_rec = knob_terms.recompute_freed_bytes(c, mix, layout, model, engine) if selective else 0.0
-                    k_off = knob_terms.offloaded_bytes(c, mix, layout, model, engine)
+                    c = costs[kind]  # the full kind: the MoE / dense-MLP layers of an MoE model differ (knobs.honoured)
+                    k_rec = knob_terms.recompute_freed_bytes(c, kind, layout, model, engine) if selective else 0.0
+                    k_off = knob_terms.offloaded_bytes(c, kind, layout, model, engine)
                     stored += n * (c.act_bytes - k_rec - k_off)
                     rebuilt = max(rebuilt, k_rec)
                     kept_off = max(kept_off, k_off)
@@ -345,7 +351,7 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload
                     keep = nk - rec.get(kind, 0)
                     if keep:
                         c = costs[kind]
-                        off = knob_terms.offloaded_bytes(c, mixer_of(kind), layout, model, engine)
+                        off = knob_terms.offloaded_bytes(c, kind, layout, model, engine)
                         stored += keep * (c.act_bytes - off)
                         offs.append(off)
                 stored += k * full.input_bytes + max(offs)
@@ -356,8 +362,28 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload
                 stored += groups * full.input_bytes
                 rebuilt = max(rebuilt, min(n_rec, n) * worst)
         first, last = st.is_first, st.is_last
+        mtp_b = 0.0  # multi-token-prediction layers (last stage): one microbatch, like the logits
+        if st.mtp:
+            mk = mtp_kind(model)
+            c = costs[mk]
+            extra = mtp_saved(model, shape)
+            if rec_full and layout.recompute_method == "uniform":
+                # megatron-core 0.16.1 MultiTokenPredictionLayer._checkpointed_forward: uniform (of 1 layer)
+                # checkpoints _proj_and_transformer_layer (enorm, hnorm, eh_proj, the transformer layer), keeping
+                # its two inputs (hidden state, embedding); the final norm and the output layer run outside it.
+                # Block recompute is "not supported for MTP yet" and skipped (the layer keeps everything).
+                layer_b = 2 * c.input_bytes
+                extra = tuple(x for x in extra if x.name.startswith(("MTP final norm", "MTP output-layer")))
+                rebuilt = max(rebuilt, c.act_bytes)
+            else:
+                k_rec = knob_terms.recompute_freed_bytes(c, mk, layout, model, engine) if selective else 0.0
+                layer_b = c.act_bytes - k_rec
+                rebuilt = max(rebuilt, k_rec)
+            mtp_b = st.mtp * (layer_b + sum(x.bytes for x in extra))
+            work = max(work, c.bwd_work_bytes)
         params = stage_params(model, layout, r, lambda kind: costs[kind].params_on_gpu, st.ranges)
-        ex = moe_terms.stage_expert_params(model, layout, st.moe_layers)  # MoE layers only, not the dense ones
+        # MoE layers only, not the dense ones; an MTP layer of an MoE kind holds routed experts too
+        ex = moe_terms.stage_expert_params(model, layout, st.moe_layers + st.mtp_moe)
         inflight = st.inflight
         # backward transient: the layer being differentiated (rebuilt if recomputed) plus its gradient working
         # set; on the first stage the embedding's dense bf16 weight gradient (megatron-core
@@ -365,11 +391,12 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload
         transient = rebuilt + work
         if first:
             transient = max(transient, BF16 * model.embedding_params / layout.tp)
-        acts = act_scale * (inflight * stored + transient)
+        acts = act_scale * (inflight * stored + transient + mtp_b)
         logits = 0.0
         if last and model.vocab:  # a model counted without its output layer (vocab 0) has no logits
             logits = engine.logits_bytes_per_element * b.tokens_per_gpu * model.vocab / layout.tp
             logits += BF16 * b.tokens_per_gpu * model.hidden  # output-layer input
+            logits += st.mtp * mtp_logits_bytes(model, shape)  # each MTP layer's loss: a second fp32 logits tensor
         over = fixed_overheads(layout, workload, engine, cluster, r, model, coef)
         allocated = (params * (w_b + g_b + o_b) + ex * (ew_b + eg_b + eo_b) + acts + logits) / GiB + over.get(
             "gemm_workspaces", 0.0) + over.get("tp_overlap_buffers", 0.0)
@@ -390,7 +417,9 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload
             expert_params=ex, expert_weights_gib=ex * ew_b / GiB, expert_grads_gib=ex * eg_b / GiB,
             expert_optimizer_gib=ex * eo_b / GiB,
             expert_activations_gib=(act_scale * inflight * e_act * _stored_layers(layout, st) / GiB
-                                    * (st.moe_layers / st.layers if st.layers else 0.0)),
+                                    * (st.moe_layers / st.layers if st.layers else 0.0)
+                                    + (act_scale * st.mtp_moe * e_act / GiB
+                                       if not (rec_full and layout.recompute_method == "uniform") else 0.0)),
         ))
     # host memory per node: GPUs of a node are spread over stages; take the mean stage times GPUs per node
     per_gpu_host = sum(s.host_optimizer_gib for s in stages) / len(stages)

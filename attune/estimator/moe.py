@@ -137,8 +137,8 @@ def _link_gbps(span: int, cluster: Cluster, coef) -> float:
 
 def moe_layer_times(model: ModelSpec, cluster: Cluster, layout: Layout, shape: Shape, coef,
                     ) -> dict[str, float]:
-    """One MoE layer's routed part, one microbatch, seconds: fwd_/bwd_ gemm and memory, and the exposed
-    dispatch + combine all-to-all (ep_fwd, ep_bwd)."""
+    """One MoE layer's routed part, one microbatch, seconds: fwd_/bwd_ gemm and memory, the exposed
+    dispatch + combine all-to-all (ep_fwd, ep_bwd), and of fwd_memory the experts' activation (fwd_act_memory)."""
     moe = model.moe
     if moe is None:
         return {}
@@ -172,8 +172,11 @@ def moe_layer_times(model: ModelSpec, cluster: Cluster, layout: Layout, shape: S
             shared = 2 * t * h * 3 * moe.shared_ffn / max(1, layout.tp if not shape.sp else 1) / (peak * coef.gemm_efficiency)
             ep_fwd = max(0.0, ep_fwd - shared)
             ep_bwd = max(0.0, ep_bwd - 2 * shared)
+    # the experts' activation alone (read fc1 output 2f wide, write f): what ``moe_act`` recompute runs again
+    act = 3 * R * BF16 * f / hbm
     return {"fwd_gemm": gemm + router, "bwd_gemm": 2 * (gemm + router), "fwd_memory": mem,
-            "bwd_memory": coef.backward_memory_ratio * mem, "ep_fwd": ep_fwd, "ep_bwd": ep_bwd}
+            "bwd_memory": coef.backward_memory_ratio * mem, "ep_fwd": ep_fwd, "ep_bwd": ep_bwd,
+            "fwd_act_memory": act}
 
 
 def expert_dp_comm_s(model: ModelSpec, cluster: Cluster, layout: Layout, layers: int, grad_bytes: float, coef) -> float:

@@ -34,43 +34,101 @@ _OFFLOADED = {
     "qkv_linear": ("attention norm input", "attention norm output", "attention norm statistics"),
     "core_attn": ("FlashAttention q, k, v", "FlashAttention softmax log-sum-exp"),
     "attn_proj": ("FlashAttention output", "gated attention output"),
+    "expert_fc1": ("permuted expert input",),  # the grouped fc1 GEMM's input
+    "moe_act": ("expert fc1 output",),  # the experts' activation input
 }
+# MoE layers (attune.estimator.moe.with_expert_activations names the routed tensors): ``moe`` checkpoints the
+# whole MoE layer (router, dispatch, experts, combine and the shared expert: megatron-core moe_layer.py), keeping
+# its input, the pre-MLP norm output; ``moe_act`` drops the experts' activation output (fc2 input) and rebuilds it
+# from the kept fc1 output (experts.py, CheckpointWithoutOutput); ``shared_experts`` checkpoints the shared
+# expert (shared_experts.py): its fc1 and activation outputs go.
+_ROUTED = ("router logits", "permutation maps", "permuted expert input", "expert ")
+_MOE_ACT = ("expert SwiGLU output",)
+# ``mla_up_proj`` (multi_latent_attention.py): the q / kv up projections (TE LayerNormLinear with the latent norms
+# fused) and rotary run under CheckpointWithoutOutput from the kept latents and k_pe: their norm outputs and
+# statistics are not saved, and the up-projected q, k, v FlashAttention keeps are freed and rebuilt
+_MLA_UP = ("q latent normalised", "q latent norm statistics", "compressed kv latent normalised",
+           "kv latent norm statistics", "FlashAttention q, k, v after up-projection")
 
 
 def _mlp_internal_bytes(c: LayerCost) -> float:
     return sum(t.bytes for t in c.saved if t.name.startswith(_MLP_INTERNAL) or _MLP_SUFFIX in t.name)
 
 
+def _shared_expert_bytes(c: LayerCost) -> float:
+    """An MoE layer's shared-expert tensors (its fc1 and activation outputs; ``costs._te_mlp`` of ``ffn``)."""
+    return sum(t.bytes for t in c.saved if not t.name.startswith(_ROUTED)
+               and (t.name.startswith("fc1 output") or _MLP_SUFFIX in t.name))
+
+
+def _named_bytes(c: LayerCost, prefixes: tuple[str, ...]) -> float:
+    return sum(t.bytes for t in c.saved if t.name.startswith(prefixes))
+
+
 def recompute_freed_bytes(c: LayerCost, kind: str, layout: Layout, model: ModelSpec, engine: Engine) -> float:
-    """Saved bytes of one layer (one microbatch) that selective recompute of the layout's modules frees."""
+    """Saved bytes of one layer (one microbatch) that selective recompute of the layout's modules frees.
+    ``kind``: the layer kind (``ModelSpec.layer_kind``), so the dense-MLP layers of an MoE model are told apart."""
+    mods = layout.effective_recompute_modules
     freed = 0.0
-    for m in layout.effective_recompute_modules:
+    for m in mods:
         if not honoured(m, kind, model, engine):
             continue
         if m == "core_attn":
             freed += c.selective_freed_bytes
         elif m == "mlp":
             freed += _mlp_internal_bytes(c)
+        elif m == "moe":
+            freed += _named_bytes(c, _ROUTED) + _shared_expert_bytes(c)
+        elif m == "moe_act" and "moe" not in mods:
+            freed += _named_bytes(c, _MOE_ACT)
+        elif m == "shared_experts" and "moe" not in mods and not layout.moe_shared_expert_overlap:
+            # megatron-core moe_layer.py shared_experts_compute: checkpointed only when not overlapped
+            freed += _shared_expert_bytes(c)
+        elif m == "mla_up_proj":
+            freed += _named_bytes(c, _MLA_UP)
     return freed
 
 
+def routed_freed_bytes(c: LayerCost, kind: str, layout: Layout, model: ModelSpec, engine: Engine) -> float:
+    """Of ``recompute_freed_bytes``: the routed experts' tensors (the memory breakdown's expert activations)."""
+    mods = layout.effective_recompute_modules
+    if "moe" in mods and honoured("moe", kind, model, engine):
+        return _named_bytes(c, _ROUTED)
+    if "moe_act" in mods and honoured("moe_act", kind, model, engine):
+        return _named_bytes(c, _MOE_ACT)
+    return 0.0
+
+
 def recompute_seconds(c: LayerCost, t: dict[str, float], kind: str, layout: Layout, model: ModelSpec,
-                      engine: Engine) -> float:
+                      engine: Engine, moe_t: dict[str, float] | None = None) -> float:
     """Extra backward seconds of one layer (one microbatch): the recomputed modules' forward again.
 
     ``t`` is the layer's per-part times of ``attune.estimator.performance`` (fwd_gemm, fwd_attention, ...);
-    the MLP's share of the forward GEMM time is its share of the forward GEMM FLOPs (the last two GEMMs
-    of ``LayerCost.gemm`` are fc1 and fc2).
+    the MLP's (in an MoE layer: the shared expert's) share of the forward GEMM time is its share of the forward
+    GEMM FLOPs (the last two GEMMs of ``LayerCost.gemm`` are fc1 and fc2), MLA's up projections' share is
+    ``LayerCost.mla_up_flops``'. ``moe_t``: the routed part's times of an MoE layer
+    (``attune.estimator.moe.moe_layer_times``): ``moe`` runs it again, dispatch and combine included, and
+    ``moe_act`` the experts' activation (an HBM pass).
     """
+    mods = layout.effective_recompute_modules
+    total = sum(f for f, _ in c.gemm) or 1.0
+    mlp_share = t["fwd_gemm"] * sum(f for f, _ in c.gemm[-2:]) / total
     s = 0.0
-    for m in layout.effective_recompute_modules:
+    for m in mods:
         if not honoured(m, kind, model, engine):
             continue
         if m == "core_attn":
             s += t["fwd_attention"]
         elif m == "mlp":
-            total = sum(f for f, _ in c.gemm) or 1.0
-            s += t["fwd_gemm"] * sum(f for f, _ in c.gemm[-2:]) / total
+            s += mlp_share
+        elif m == "moe":
+            s += mlp_share + (moe_t["fwd_gemm"] + moe_t["fwd_memory"] + moe_t["ep_fwd"] if moe_t else 0.0)
+        elif m == "moe_act" and "moe" not in mods:
+            s += moe_t["fwd_act_memory"] if moe_t else 0.0
+        elif m == "shared_experts" and "moe" not in mods and not layout.moe_shared_expert_overlap:
+            s += mlp_share
+        elif m == "mla_up_proj":
+            s += t["fwd_gemm"] * c.mla_up_flops / total
     return s
 
 

@@ -16,15 +16,15 @@ import math
 from dataclasses import dataclass, field, replace
 
 from .coefficients import DEFAULT, Coefficients
-from attune.estimator.costs import BF16, FP32, LayerCost, Shape, layer_costs, logits_flops
+from attune.estimator.costs import BF16, FP32, LayerCost, Shape, layer_costs, logits_flops, mtp_gemm
 from attune.estimator import offload as knob_terms
 from attune.estimator.metrics import model_flops_utilization, usd_per_million_tokens
 from attune.estimator import moe as moe_terms
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
-from attune.spec.placement import Placement, place, stage_params
-from attune.spec.model import FULL, LINEAR, ModelSpec, mixer_of
+from attune.spec.placement import Placement, StagePlacement, mtp_kind, place, stage_params
+from attune.spec.model import FULL, LINEAR, ModelSpec
 
 # megatron-core DistributedDataParallelConfig.bucket_size default: max(40,000,000, 1,000,000 x DP) parameters
 DDP_BUCKET_MIN_PARAMS = 40_000_000
@@ -156,6 +156,46 @@ def _layer_parts(c: LayerCost, peak: float, hbm: float, tp_bw: float, cp_bw: flo
             "cp_bwd": 2 * cp}
 
 
+def _mtp_parts(parts: dict[str, float], st: StagePlacement, model: ModelSpec, layout: Layout, engine: Engine,
+               costs: dict[str, LayerCost], times: dict[str, dict], moe_t: dict[str, float], shape: Shape,
+               peak: float, hbm: float, coef: Coefficients) -> None:
+    """Add the last stage's multi-token-prediction layers to its per-microbatch ``parts``: per layer one
+    transformer layer of the last layer's kind (its routed experts too), eh_proj and the shared output layer
+    again (GEMMs), the MTP loss's softmax over the fp32 logits (HBM passes), recompute as for a decoder layer.
+    MFU stays on the main model's active parameters (``ModelSpec.active_params``): the MTP work is overhead."""
+    n, mk = st.mtp, mtp_kind(model)
+    t = times[mk]
+    for key in ("gemm", "attention", "gdn", "memory"):
+        parts["fwd_" + key] += n * t["fwd_" + key]
+        parts["bwd_" + key] += n * t["bwd_" + key]
+    # full recompute: megatron-core 0.16.1 checkpoints the MTP layer with the uniform method only (block: skipped)
+    rec_full = layout.recompute_granularity == "full" and layout.recompute_method == "uniform"
+    fwd_layer = t["fwd_gemm"] + t["fwd_attention"] + t["fwd_gdn"] + t["fwd_memory"]
+    if rec_full:
+        parts["recompute"] += n * fwd_layer
+    elif layout.recompute_granularity == "selective":
+        parts["recompute"] += n * knob_terms.recompute_seconds(costs[mk], t, mk, layout, model, engine, moe_t or None)
+    parts["tp_comm"] += n * ((2 if rec_full else 1) * t["tp_fwd"] + t["tp_bwd"])
+    parts["cp_comm"] += n * ((2 if rec_full else 1) * t["cp_fwd"] + t["cp_bwd"])
+    if moe_t and st.mtp_moe:
+        for key in ("gemm", "memory"):
+            parts["fwd_" + key] += st.mtp_moe * moe_t["fwd_" + key]
+            parts["bwd_" + key] += st.mtp_moe * moe_t["bwd_" + key]
+        if rec_full:
+            parts["recompute"] += st.mtp_moe * (moe_t["fwd_gemm"] + moe_t["fwd_memory"])
+        parts["ep_comm"] += st.mtp_moe * ((2 if rec_full else 1) * moe_t["ep_fwd"] + moe_t["ep_bwd"])
+    g_eh, g_out = (fl / (peak * gemm_efficiency(d, coef)) if fl else 0.0 for fl, d in mtp_gemm(model, shape))
+    g = g_eh + g_out
+    if rec_full:  # eh_proj is inside the checkpoint too
+        parts["recompute"] += n * g_eh
+    # vocab_parallel_cross_entropy over the fp32 [tokens, vocab / TP] logits: memory_passes over HBM
+    mem = coef.memory_passes * FP32 * shape.tokens * model.vocab / shape.tp / (hbm * coef.hbm_efficiency)
+    parts["fwd_gemm"] += n * g
+    parts["bwd_gemm"] += 2 * n * g
+    parts["fwd_memory"] += n * mem
+    parts["bwd_memory"] += n * mem
+
+
 _TIMES: dict[tuple, tuple[dict, dict]] = {}
 """Per-layer times by (layer costs, peak, bandwidths, TP, overlap, coefficients): the search estimates many
 layouts sharing a (model, engine, shape), so each layer kind is timed once per shape and link speed."""
@@ -226,12 +266,14 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
                 parts["ep_comm"] += (ch.moe + k_moe) * moe_t["ep_fwd"] + ch.moe * moe_t["ep_bwd"]
             if layout.recompute_granularity == "selective":
                 # the recomputed modules' forward re-run in backward (core_attn by default; attune.estimator.offload)
-                for kind, n in kinds:
-                    parts["recompute"] += n * knob_terms.recompute_seconds(costs[kind], times[kind], mixer_of(kind),
-                                                                           layout, model, engine)
+                for kind, n in kinds:  # the full kind: MoE and dense-MLP layers take different modules
+                    parts["recompute"] += n * knob_terms.recompute_seconds(costs[kind], times[kind], kind, layout, model,
+                                                                           engine, moe_t or None)
             if layout.offload_modules:
-                # offloaded: the layers that keep their activations (not the recomputed ones)
-                off_b = sum((n - rec.get(kind, 0)) * knob_terms.offloaded_bytes(costs[kind], mixer_of(kind), layout,
+                # offloaded: the layers that keep their activations (not the recomputed ones); the routed experts'
+                # tensors (expert_fc1, moe_act) are named by attune.estimator.moe
+                off_costs = moe_terms.with_expert_activations(costs, model, layout, shape)
+                off_b = sum((n - rec.get(kind, 0)) * knob_terms.offloaded_bytes(off_costs[kind], kind, layout,
                                                                                model, engine) for kind, n in kinds)
                 fwd_c = sum(n * (times[kind]["fwd_gemm"] + times[kind]["fwd_attention"] + times[kind]["fwd_gdn"]
                                  + times[kind]["fwd_memory"]) for kind, n in kinds)
@@ -249,6 +291,8 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
             parts["fwd_memory"] += t_mem
             parts["bwd_gemm"] += 2 * t_gemm
             parts["bwd_memory"] += t_mem
+        if st.mtp:
+            _mtp_parts(parts, st, model, layout, engine, costs, times, moe_t, shape, peak, hbm, coef)
         if r == 0:
             parts["fwd_memory"] += BF16 * b.tokens_per_gpu * model.hidden / (hbm * coef.hbm_efficiency)  # embedding
         fwd = sum(parts[k] for k in PARTS if k.startswith("fwd_")) + sum(
@@ -275,7 +319,8 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
     params = [stage_params(model, layout, st.rank, lambda kind: costs[kind].params_on_gpu, st.ranges)
               for st in pl.stages]
     d = layout.dp * layout.cp
-    st_layers = [st.moe_layers for st in pl.stages]  # MoE layers per stage: the expert terms count these only
+    # MoE layers per stage (an MoE-kind MTP layer's too): the expert terms count these only
+    st_layers = [st.moe_layers + st.mtp_moe for st in pl.stages]
     # the grad buffer's dtype (memory.py): fp32 main grads on Megatron-LM's bf16 path, 16-bit with fp16 or where
     # the engine reduces in bf16 (Megatron-Bridge / NeMo performance launches)
     fp16_grads = layout.precision == "fp16" and not engine.fp16_grads_in_fp32

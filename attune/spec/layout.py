@@ -137,6 +137,10 @@ class Layout:
     """Full recompute only: block (the first N layers of each chunk) or uniform (groups of N)."""
     recompute_num_layers: int | None = None
     """Full recompute only: N of ``--recompute-num-layers``."""
+    mtp_layers: int = 0
+    """Multi-token-prediction layers trained on the last pipeline stage (``--mtp-num-layers``; megatron-core
+    multi_token_prediction.py): at most the model's MTP modules (DeepSeek-V3 ``num_nextn_predict_layers``); 0:
+    none. Numerics, not layout: each adds a loss term."""
     distributed_optimizer: bool = True
     """Optimizer states sharded over DP x CP (``--use-distributed-optimizer``; slime forces it)."""
     precision_aware_optimizer: bool = False
@@ -194,6 +198,8 @@ class Layout:
             raise LayoutError(f"offload fraction {self.offload_fraction} must be in (0, 1]")
         if self.moe_dispatcher is not None and self.moe_dispatcher not in MOE_DISPATCHERS:
             raise LayoutError(f"MoE token dispatcher '{self.moe_dispatcher}'; allowed: {', '.join(MOE_DISPATCHERS)}")
+        if isinstance(self.mtp_layers, bool) or not isinstance(self.mtp_layers, int) or self.mtp_layers < 0:
+            raise LayoutError(f"layout.mtp_layers must be an integer >= 0 (got {self.mtp_layers!r})")
         if self.moe_capacity_factor is not None and not self.moe_capacity_factor > 0:
             raise LayoutError(f"MoE capacity factor {self.moe_capacity_factor} must be > 0 (or absent: dropless)")
         for name in ("recompute_modules", "offload_modules"):
@@ -244,6 +250,8 @@ class Layout:
             parts.append(f"actoff[{','.join(self.offload_modules)}]")
         if self.optimizer_cpu_offload:
             parts.append(f"off{self.offload_fraction:g}")
+        if self.mtp_layers:
+            parts.append(f"MTP{self.mtp_layers}")
         if self.max_tokens_per_gpu:
             parts.append(f"mt{self.max_tokens_per_gpu}")
         elif self.micro_batch_size > 1:
@@ -275,6 +283,8 @@ class Layout:
             s += "-actoff"
         if self.optimizer_cpu_offload:
             s += "-offload"
+        if self.mtp_layers:
+            s += f"-mtp{self.mtp_layers}"
         return s
 
     def to_dict(self) -> dict:

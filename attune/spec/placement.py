@@ -134,6 +134,8 @@ def stage_params(model: ModelSpec, layout: Layout, rank: int,
     The input embedding and learned positions sit on the first stage (embedding split by TP), the
     output layer and final norm on the last. A tied output layer is a second copy only when the first
     and last stages differ: Megatron keeps the copy on the last stage and all-reduces the two gradients.
+    The layout's multi-token-prediction layers (``Layout.mtp_layers``) sit on the last stage too
+    (``mtp_layer_params``).
     """
     if chunks is None:
         chunks = chunk_ranges(layout, model.num_layers)[rank]
@@ -150,7 +152,27 @@ def stage_params(model: ModelSpec, layout: Layout, rank: int,
         if not (rank == 0 and model.tied_embeddings):
             n += model.output_params / tp
         n += model.final_norm_params
+        n += layout.mtp_layers * mtp_layer_params(model, layout, per_layer)
     return n
+
+
+def mtp_kind(model: ModelSpec) -> str:
+    """The layer kind of a multi-token-prediction layer: the main model's last layer's (megatron-core builds the
+    MTP block's transformer layer from the decoder's last layer spec)."""
+    return model.layer_kind(model.num_layers - 1)
+
+
+def mtp_layer_params(model: ModelSpec, layout: Layout, per_layer: Callable[[str], float] | None = None) -> float:
+    """Parameters of one multi-token-prediction layer on one GPU of the last stage (megatron-core
+    multi_token_prediction.py MultiTokenPredictionLayer): the enorm and hnorm, eh_proj Linear(2h, h)
+    (column-parallel: split by TP), one transformer layer of the last layer's kind and the block's final norm;
+    the embedding and the output layer are the main model's (shared, not counted again). ``per_layer`` as in
+    ``stage_params`` (None: unsharded, routed experts included, so the layout's MTP layers add
+    ``ModelSpec.mtp_params`` / ``mtp_layers`` each)."""
+    h = model.hidden
+    if per_layer is None:
+        return model.layer(model.num_layers - 1).total + 2 * h * h + 3 * model.norm_vectors
+    return per_layer(mtp_kind(model)) + 2 * h * h / layout.tp + 3 * model.norm_vectors
 
 
 # ---------------------------------------------------------------------- the placement, derived once
@@ -196,6 +218,10 @@ class StagePlacement:
     """Holds the input embedding."""
     is_last: bool
     """Holds the output layer and the loss."""
+    mtp: int = 0
+    """Multi-token-prediction layers the rank holds: the layout's ``mtp_layers`` on the last rank, else 0."""
+    mtp_moe: int = 0
+    """Of ``mtp``, the layers whose MLP is an MoE block (the model's last layer is one): their routed experts."""
 
     @property
     def layers(self) -> int:
@@ -232,6 +258,8 @@ def place(model: ModelSpec, layout: Layout, workload: Workload, engine: Engine) 
         cs = tuple(Chunk(start=a, stop=z, full=model.count_types(a, z)[0], linear=model.count_types(a, z)[1],
                          kinds=model.count_kinds(a, z), moe=model.count_moe(a, z))
                    for (a, z) in chunks)
+        mtp = layout.mtp_layers if r == p - 1 else 0
         stages.append(StagePlacement(rank=r, chunks=cs, inflight=inflight_microbatches(layout, r, b.microbatches),
-                                     is_first=r == 0, is_last=r == p - 1))
+                                     is_first=r == 0, is_last=r == p - 1, mtp=mtp,
+                                     mtp_moe=mtp if model.is_moe_layer(model.num_layers - 1) else 0))
     return Placement(stages=tuple(stages), batch=b)

@@ -11,7 +11,7 @@ from .engine import Engine
 from .layout import Layout, Workload
 from .model import ModelSpec
 from .moe import moe_rules
-from .knobs import MOE_ONLY, OFFLOAD_MODULES, RECOMPUTE_MODULES
+from .knobs import MLA_ONLY, MOE_ONLY, OFFLOAD_MODULES, RECOMPUTE_MODULES
 from .pipeline_layout import check_layout_string
 from .placement import stage_layer_counts, virtual_stage_counts
 
@@ -28,6 +28,10 @@ def check(layout: Layout, model: ModelSpec, world_size: int, workload: Workload,
     if L.world_size != world_size:
         e.append(f"world size {world_size} GPUs != TP {L.tp} x PP {L.pp} x CP {L.cp} x DP {L.dp} = {L.world_size}")
     e += moe_rules(L, model)
+    if L.mtp_layers and L.mtp_layers > model.mtp_layers:
+        e.append(f"--mtp-num-layers {L.mtp_layers} needs a model with that many multi-token-prediction modules ("
+                 f"{model.name} has {model.mtp_layers}: config num_nextn_predict_layers); allowed: 0"
+                 + (f" to {model.mtp_layers}" if model.mtp_layers > 1 else " or 1" if model.mtp_layers else ""))
     if model.heads % L.tp:
         e.append(f"TP {L.tp} must divide the {model.heads} attention heads")
     if model.kv_heads % L.tp:
@@ -71,6 +75,9 @@ def check(layout: Layout, model: ModelSpec, world_size: int, workload: Workload,
             if bad and L.pipeline_layout is None and not (L.account_for_embedding or L.account_for_loss):
                 e.append(f"VPP {L.vpp} must divide every stage's layers ({'/'.join(map(str, counts))})")
     g, meth, n = L.recompute_granularity, L.recompute_method, L.recompute_num_layers
+    if L.mtp_layers and g == "full" and meth == "uniform" and n not in (None, 1):
+        # megatron-core 0.16.1 MultiTokenPredictionLayer._checkpointed_forward asserts it
+        e.append(f"--mtp-num-layers with uniform full recompute needs --recompute-num-layers 1 (got {n})")
     if g not in ("none", "selective", "full"):
         e.append(f"recompute granularity '{g}'; allowed: none, selective, full")
     elif g == "full":
@@ -134,6 +141,13 @@ def check_knobs(L: Layout, model: ModelSpec, engine: Engine) -> list[str]:
         if getattr(model, "moe", None) is None and any(m in MOE_ONLY for m in L.recompute_modules):
             e.append(f"recompute module(s) {', '.join(m for m in L.recompute_modules if m in MOE_ONLY)} need a "
                      f"mixture-of-experts model")
+        # megatron-core 0.16.1 TransformerConfig.__post_init__ raises the next two (and for moe_act without
+        # --moe-grouped-gemm, not checked here: the corpus reader checks MoE rows before setting their MoE kernels)
+        if getattr(model, "mla", None) is None and any(m in MLA_ONLY for m in L.recompute_modules):
+            e.append("recompute module mla_up_proj needs a multi-latent-attention model (DeepSeek-V3, Kimi K2)")
+        if ("shared_experts" in L.recompute_modules and L.moe_shared_expert_overlap
+                and getattr(model, "moe", None) is not None and model.ffn):
+            e.append("recompute module shared_experts cannot work with --moe-shared-expert-overlap")
     if L.offload_modules:
         bad = [m for m in L.offload_modules if m not in OFFLOAD_MODULES]
         if bad:

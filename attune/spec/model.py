@@ -233,15 +233,28 @@ class ModelSpec:
                 v.append(v[-1] + (k == ki))
         return {k: tuple(v) for k, v in out.items()}
 
+    @cached_property
+    def _kind_counts(self) -> dict[tuple, tuple]:
+        """count_kinds / count_types results by layer range: the estimator asks for the same few stage ranges."""
+        return {}
+
     def count_kinds(self, start: int, stop: int) -> tuple[tuple[str, int], ...]:
         """(kind, layers) of every kind present among layers [start, stop), in ``kinds`` order."""
-        pre = self._kind_prefix
-        return tuple((k, n) for k in self.kinds if (n := pre[k][stop] - pre[k][start]))
+        got = self._kind_counts.get((start, stop))
+        if got is None:
+            pre = self._kind_prefix
+            got = self._kind_counts[(start, stop)] = tuple(
+                (k, n) for k in self.kinds if (n := pre[k][stop] - pre[k][start]))
+        return got
 
     def count_types(self, start: int, stop: int) -> tuple[int, int]:
         """(softmax-attention layers, GDN layers) among layers [start, stop)."""
-        lin = sum(n for k, n in self.count_kinds(start, stop) if mixer_of(k) == LINEAR)
-        return stop - start - lin, lin
+        key = ("types", start, stop)
+        got = self._kind_counts.get(key)
+        if got is None:
+            lin = sum(n for k, n in self.count_kinds(start, stop) if mixer_of(k) == LINEAR)
+            got = self._kind_counts[key] = (stop - start - lin, lin)
+        return got
 
     def count_moe(self, start: int, stop: int) -> int:
         """MoE layers among layers [start, stop)."""

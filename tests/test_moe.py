@@ -11,7 +11,7 @@ import pytest
 from attune.api.estimate import estimate_target
 from attune.api.tune import tune, tune_config
 from attune.recipe.target import recipe_target
-from attune.errors import LayoutError, ModelError
+from attune.errors import LayoutError, ModelError, RecipeError
 from attune.estimator import estimate
 from attune.spec.baselines import baseline_layout
 from attune.spec.engine import get_engine
@@ -19,6 +19,7 @@ from attune.spec.flags import from_flags, to_flags
 from attune.spec.hardware import parse_cluster
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import from_hf_config, load_model
+from attune.spec.rules import check
 from attune.spec.moe import expert_data_parallel
 from attune.spec.placement import stage_params
 from attune.spec.rules import check
@@ -244,3 +245,23 @@ def test_tune_on_a_moe_model_emits_a_recipe(tmp_path):
     back = recipe_target(res.recipe)
     assert back.layout == res.outcome.best.to_layout()
     assert estimate_target(back).perf.tokens_per_s_per_gpu == pytest.approx(res.outcome.best.value, rel=1e-3)
+    # numerics-class MoE options have no layout-block key: the run flags carry them back
+    def with_flags(extra: str) -> dict:
+        run = res.recipe["run"]
+        assert "  --use-tensorboard \\\n" in run  # a line of the main (train) command
+        return dict(res.recipe, run=run.replace("  --use-tensorboard \\\n", f"  --use-tensorboard {extra} \\\n"))
+
+    lay2 = recipe_target(with_flags("--moe-expert-capacity-factor 1.5 --moe-router-force-load-balancing")).layout
+    assert lay2.moe_capacity_factor == 1.5 and lay2.moe_force_balance and not back.layout.moe_force_balance
+    with pytest.raises(RecipeError, match="--moe-expert-capacity-factor 'lots' is not a number"):
+        recipe_target(with_flags("--moe-expert-capacity-factor lots"))
+
+
+def test_moe_act_recompute_needs_grouped_gemm():
+    m = load_model("Qwen3-30B-A3B")
+    wl = Workload(seq_length=4096, global_batch=64)
+    base = dict(tp=1, pp=1, dp=8, ep=8, moe_dispatcher="alltoall", recompute_granularity="selective",
+                recompute_modules=("moe_act",))
+    assert not check(Layout(**base, moe_grouped_gemm=True), m, 8, wl, get_engine("megatron"))
+    broken = check(Layout(**base, moe_grouped_gemm=False), m, 8, wl, get_engine("megatron"))
+    assert broken and "moe_act needs --moe-grouped-gemm" in broken[0]

@@ -141,7 +141,10 @@ def _recompute(value, assumptions: list[str]) -> dict:
     raise _Unexpressed(f"recompute '{value}' is not understood")
 
 
-def _layout(row: dict, model: ModelSpec, engine: Engine, assumptions: list[str]) -> tuple[Layout, Workload]:
+def _layout(row: dict, model: ModelSpec, engine: Engine, assumptions: list[str],
+            check_rules: bool = True) -> tuple[Layout, Workload]:
+    """The row's dense layout and workload; ``check_rules`` False for a MoE row (``_moe_layout`` checks the
+    layout once its expert settings are on)."""
     n = int(_need(row, "num_gpus"))
     tp, pp = int(_need(row, "tp")), int(_need(row, "pp"))
     cp = int(row.get("cp") or 1)
@@ -223,7 +226,7 @@ def _layout(row: dict, model: ModelSpec, engine: Engine, assumptions: list[str])
         wl = Workload(seq_length=seq, global_batch=gbs)
     except UserInputError as e:
         raise _Unexpressed(f"layout: {e}") from None
-    broken = check(layout, model, n, wl, engine)
+    broken = check(layout, model, n, wl, engine) if check_rules else []
     if broken:
         raise _Unexpressed(f"layout rule: {broken[0]}")
     return layout, wl
@@ -340,7 +343,7 @@ def read_row(row: dict, file: str) -> CorpusRow:
         elif not g.get("vocab"):
             assumptions.append("vocab: not stated, 0 (the row's figures count the transformer layers only)")
         cluster = parse_cluster(f"{int(_need(row, 'num_gpus'))}x{key}")
-        layout, wl = _layout(row, model, engine, assumptions)
+        layout, wl = _layout(row, model, engine, assumptions, check_rules=not bundled)
         if bundled:
             layout = _moe_layout(row, layout, model, engine, wl, assumptions)
         tps = _throughput(row) if file != "memory.yaml" else None

@@ -117,6 +117,31 @@ def _run_flags(recipe: dict, source: str) -> dict[str, str | None] | None:
     return parse_run(run).flag_dict()
 
 
+# Layout fields of numerics class with no recipe key: a recipe carries them in its run flags only
+_NUMERICS_LAYOUT = {flag: (name, kind) for flag, (name, kind) in LAYOUT_FLAGS.items()
+                    if name in ("moe_capacity_factor", "moe_force_balance", "mtp_layers")}
+
+
+def _numerics_fields(flags: dict[str, str | None], source: str) -> dict[str, Any]:
+    """``--moe-expert-capacity-factor``, ``--moe-router-force-load-balancing`` and ``--mtp-num-layers`` of the run
+    flags (they change the loss, so the layout block does not name them; dropping them would change the recipe)."""
+    out: dict[str, Any] = {}
+    for flag, (name, kind) in _NUMERICS_LAYOUT.items():
+        if flag not in flags:
+            continue
+        value = flags[flag]
+        if kind == "bool":
+            out[name] = True
+            continue
+        if value is None or value.startswith("$"):
+            continue
+        try:
+            out[name] = int(value) if kind == "int" else float(value)
+        except ValueError:
+            raise RecipeError(f"{source} run: {flag} {value!r} is not a number") from None
+    return out
+
+
 def _hyper_parameters(flags: dict[str, str | None]) -> dict[str, Any]:
     upd: dict[str, Any] = {}
     for flag, (name, kind) in _HYPER_FLAGS.items():
@@ -176,7 +201,8 @@ def recipe_target(recipe: dict | Recipe, *, engine: str | Engine | None = None, 
         if flags:  # MoE kernel switches live in the run flags only (the layout block names EP, ETP, dispatcher)
             layout = replace(layout, moe_grouped_gemm="--moe-grouped-gemm" in flags,
                              moe_permute_fusion="--moe-permute-fusion" in flags,
-                             moe_shared_expert_overlap="--moe-shared-expert-overlap" in flags)
+                             moe_shared_expert_overlap="--moe-shared-expert-overlap" in flags,
+                             **_numerics_fields(flags, source))
     except UserInputError as e:
         raise RecipeError(f"{source} layout: {_one_line(e)}") from None
     try:

@@ -141,8 +141,10 @@ def check_knobs(L: Layout, model: ModelSpec, engine: Engine) -> list[str]:
         if getattr(model, "moe", None) is None and any(m in MOE_ONLY for m in L.recompute_modules):
             e.append(f"recompute module(s) {', '.join(m for m in L.recompute_modules if m in MOE_ONLY)} need a "
                      f"mixture-of-experts model")
-        # megatron-core 0.16.1 TransformerConfig.__post_init__ raises the next two (and for moe_act without
-        # --moe-grouped-gemm, not checked here: the corpus reader checks MoE rows before setting their MoE kernels)
+        # megatron-core 0.16.1 TransformerConfig.__post_init__ raises the next three
+        if "moe_act" in L.recompute_modules and getattr(model, "moe", None) is not None and not L.moe_grouped_gemm:
+            e.append("recompute module moe_act needs --moe-grouped-gemm (megatron-core recomputes the experts' "
+                     "activation inside the grouped MLP only)")
         if getattr(model, "mla", None) is None and any(m in MLA_ONLY for m in L.recompute_modules):
             e.append("recompute module mla_up_proj needs a multi-latent-attention model (DeepSeek-V3, Kimi K2)")
         if ("shared_experts" in L.recompute_modules and L.moe_shared_expert_overlap

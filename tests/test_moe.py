@@ -13,6 +13,8 @@ from attune.api.tune import tune, tune_config
 from attune.recipe.target import recipe_target
 from attune.errors import LayoutError, ModelError, RecipeError
 from attune.estimator import estimate
+from attune.estimator.coefficients import coefficients_for
+from attune.estimator.memory import communicators, deepep_buffer_bytes, fixed_overheads
 from attune.spec.baselines import baseline_layout
 from attune.spec.engine import get_engine
 from attune.spec.flags import from_flags, to_flags
@@ -265,3 +267,19 @@ def test_moe_act_recompute_needs_grouped_gemm():
     assert not check(Layout(**base, moe_grouped_gemm=True), m, 8, wl, get_engine("megatron"))
     broken = check(Layout(**base, moe_grouped_gemm=False), m, 8, wl, get_engine("megatron"))
     assert broken and "moe_act needs --moe-grouped-gemm" in broken[0]
+
+
+def test_expert_groups_and_deepep_buffers_in_the_fixed_overheads():
+    m, c = load_model("Qwen3-30B-A3B"), parse_cluster("8xH200")
+    wl, eng = Workload(seq_length=4096, global_batch=64), get_engine("megatron")
+    a2a = Layout(tp=1, pp=1, dp=8, ep=4, moe_dispatcher="alltoall", moe_grouped_gemm=True)
+    names = {g[0]: g[1] for g in communicators(a2a, 0, c)}
+    assert names["ep"] == 4 and names["expert_dp"] == 2  # 8 GPUs / (EP 4 x ETP 1)
+    assert "ep" not in {g[0] for g in communicators(Layout(tp=1, pp=1, dp=8), 0, c)}
+    coef = coefficients_for(c.gpu)
+    flex = Layout(tp=1, pp=1, dp=8, ep=4, moe_dispatcher="flex", moe_grouped_gemm=True)
+    assert "deepep_buffers" not in fixed_overheads(a2a, wl, eng, c, 0, m, coef)
+    got = fixed_overheads(flex, wl, eng, c, 0, m, coef)["deepep_buffers"]
+    # 10 channels x 4 NVLink peers x 256 tokens x 2,048 x 2 bytes, no RDMA peers inside one node
+    assert got * 2**30 == deepep_buffer_bytes(2048, 4, 8) == 10 * 4 * 256 * 4096
+    assert deepep_buffer_bytes(7168, 32, 8) > deepep_buffer_bytes(7168, 8, 8)  # RDMA buffers across nodes

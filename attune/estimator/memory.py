@@ -237,6 +237,12 @@ def communicators(layout: Layout, stage: int, cluster: Cluster) -> list[tuple[st
         groups.append(("dp", dp, tp * cp * dp <= span))  # the DP-only group (data-loader / loss averaging)
     if pp > 1 and stage in (0, pp - 1):
         groups.append(("embedding", 2, layout.world_size <= span))  # first and last stage: tied embedding grads
+    if layout.ep * layout.etp > 1:
+        # MoE: the expert groups of parallel_state's expert RankGenerator (tp-ep-dp-pp with tp = ETP): the EP
+        # group (dispatch / combine), ETP, and the expert data-parallel group (expert gradients, optimizer)
+        edp = max(1, tp * cp * dp // (layout.ep * layout.etp))
+        groups += [("ep", layout.ep, layout.ep * layout.etp <= span), ("etp", layout.etp, layout.etp <= span),
+                   ("expert_dp", edp, tp * cp * dp <= span)]
     return [g for g in groups if g[1] > 1]
 
 
@@ -256,13 +262,33 @@ def _fixed_overheads(layout: Layout, workload: Workload, engine: Engine, cluster
     nvls_on = engine.nvls and cluster.gpu.nvls
     for name, ranks, intra in communicators(layout, stage, cluster):
         nccl += coef.nccl_buffers_gib_per_comm
-        if nvls_on and intra and name != "pp":  # NVLS serves collectives, not point-to-point
+        if nvls_on and intra and name not in ("pp", "ep"):  # NVLS serves collectives, not point-to-point / all-to-all
             nccl += coef.nccl_nvls_gib_per_comm
     out["nccl_buffers"] = nccl
+    if layout.moe_dispatcher == "flex" and model.moe is not None and layout.ep > 1:
+        out["deepep_buffers"] = deepep_buffer_bytes(model.hidden, layout.ep, cluster.gpus_per_node) / GiB
     if layout.tp > 1 and layout.sp and (layout.tp_comm_overlap or engine.recipe_tp_comm_overlap):
         tokens = workload.seq_length * layout.micro_batch_size // layout.cp
         out["tp_overlap_buffers"] = TP_OVERLAP_BUFFERS * BF16 * tokens * model.hidden / GiB
     return out
+
+
+# DeepEP's buffer sizing (deep_ep Buffer with the dispatch / combine Config defaults megatron-core's fused_a2a.py
+# get_buffer asks for: 20 SMs -> 10 channels, 256 tokens per NVLink receive chunk, 128 per RDMA one; NVLink peers
+# at most 8) [recalled from DeepEP csrc/config.hpp get_nvl_buffer_size_hint / get_rdma_buffer_size_hint, unverified]
+DEEPEP_CHANNELS, DEEPEP_NVL_RECV_TOKENS, DEEPEP_RDMA_RECV_TOKENS, DEEPEP_MAX_NVL_PEERS = 10, 256, 128, 8
+
+
+def deepep_buffer_bytes(hidden: int, ep: int, gpus_per_node: int) -> float:
+    """DeepEP's NVLink and RDMA buffers of one GPU (the flex dispatcher), bytes: channels x NVLink peers x receive
+    chunk x token bytes, plus twice channels x RDMA peers (other nodes) x receive chunk x token bytes."""
+    token = BF16 * hidden
+    nvl = min(ep, gpus_per_node, DEEPEP_MAX_NVL_PEERS)
+    rdma = max(1, ep // max(1, min(gpus_per_node, DEEPEP_MAX_NVL_PEERS)))
+    out = DEEPEP_CHANNELS * nvl * DEEPEP_NVL_RECV_TOKENS * token
+    if rdma > 1:
+        out += 2 * DEEPEP_CHANNELS * rdma * DEEPEP_RDMA_RECV_TOKENS * token
+    return float(out)
 
 
 def _stored_layers(layout: Layout, st) -> int:

@@ -301,17 +301,16 @@ class Tuner:
                 "runner": cfg.runner.name, "space": cfg.space.name, "seq_length": cfg.workload.seq_length,
                 "global_batch": cfg.workload.global_batch}
         have = study.user_attrs
-        if have.get("model"):
-            diff = [k for k, v in meta.items() if have.get(k) != v]
-            if diff:
-                k = diff[0]
-                raise StudyError(f"study '{cfg.study_name}' was created for {k}={have.get(k)!r}, not {meta[k]!r}; "
-                                 f"use another --study-name or --out")
-        else:
-            for k, v in meta.items():
+        # compare what is there: a worker that created the study a moment ago may still be writing the rest
+        diff = [k for k, v in meta.items() if k in have and have[k] != v]
+        if diff:
+            k = diff[0]
+            raise StudyError(f"study '{cfg.study_name}' was created for {k}={have.get(k)!r}, not {meta[k]!r}; "
+                             f"use another --study-name or --out")
+        extra = {"baseline_note": cfg.baseline_note, "grace_period_s": cfg.grace_period_s}  # read by `attune study status`
+        for k, v in {**meta, **extra}.items():
+            if k not in have:
                 study.set_user_attr(k, v)
-            study.set_user_attr("baseline_note", cfg.baseline_note)
-            study.set_user_attr("grace_period_s", cfg.grace_period_s)  # read by `attune study status`
         self.study = study
         self.fail_stale_trials()
         return study

@@ -159,6 +159,9 @@ class _RetryingBase(BaseStorage):
         self._retry_s = retry_s
         self.retries = 0
         """Transient errors retried so far (all calls together)."""
+        self.call_wait_s = RETRY_MAX_WAIT_S
+        """Longest wait between tries of any other call, seconds (``open_storage`` sets the heartbeat interval
+        when heartbeats are on, so a worker finishing a trial during an outage files it soon after)."""
         self.heartbeat_wait_s = RETRY_MAX_WAIT_S
         """Longest wait between tries of a heartbeat call, seconds (``open_storage`` sets half the heartbeat
         interval, so a worker beats again within about one interval of the database coming back)."""
@@ -175,7 +178,7 @@ class _RetryingBase(BaseStorage):
 
     def call(self, fn: Callable[..., Any], *args, **kwargs) -> Any:
         """``fn(*args, **kwargs)`` retried on transient errors; StorageUnavailable past the budget."""
-        return self._call(fn, RETRY_MAX_WAIT_S, *args, **kwargs)
+        return self._call(fn, self.call_wait_s, *args, **kwargs)
 
     def _call(self, fn: Callable[..., Any], max_wait_s: float, *args, **kwargs) -> Any:
         failed = False
@@ -309,4 +312,5 @@ def open_storage(url: str, *, heartbeat_interval_s: int | None = None, grace_per
     storage = cls(optuna.storages.get_storage(rdb), url, retry_s)
     if heartbeat_interval_s:
         storage.heartbeat_wait_s = max(RETRY_FIRST_WAIT_S, heartbeat_interval_s / 2)
+        storage.call_wait_s = max(RETRY_FIRST_WAIT_S, min(RETRY_MAX_WAIT_S, float(heartbeat_interval_s)))
     return StorageHandle(storage=storage, rdb=rdb, url=url, kind=kind)

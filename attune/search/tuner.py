@@ -218,12 +218,16 @@ class _Heartbeat:
     (through the public `record_heartbeat` of the RDBStorage the tuner opened; a no-op without one)."""
 
     def __init__(self, storage: optuna.storages.RDBStorage | None, study_name: str, number: int, interval_s: int,
-                 on_beat: Callable[[], None] | None = None):
+                 on_beat: Callable[[], None] | None = None, trial_id: int | None = None):
         self._stop = threading.Event()
         self._on_beat = on_beat  # after each beat: fail other workers' stale trials (attune.search.coordination)
         self._thread = None
+        self.trial_id = trial_id
+        """The trial's storage id (looked up once; pass it to a later heartbeat of the same trial)."""
         if storage is not None:
-            trial_id = storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study_name), number)
+            if trial_id is None:
+                trial_id = self.trial_id = storage.get_trial_id_from_study_id_trial_number(
+                    storage.get_study_id_from_name(study_name), number)
             self._first = lambda: storage.record_heartbeat(trial_id)
             self._thread = threading.Thread(target=self._beat, args=(storage, trial_id, interval_s), daemon=True,
                                             name=f"attune-heartbeat-{number}")
@@ -433,13 +437,14 @@ class Tuner:
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             self.counts["lost"] = self.counts.get("lost", 0) + 1
             return None
+        beat: _Heartbeat | None = None
         rec = TrialRecord(role=role, host=self._host, pid=self._pid, runner=cfg.runner.name)
         rec.set_estimate(est)
         for k, v in self._proposal_fields.items():
             setattr(rec, k, v)
         try:
             with _Heartbeat(self._handle.storage if self._rdb is not None else None, cfg.study_name, trial.number,
-                            cfg.heartbeat_interval_s, on_beat=self._fail_stale_after_beat):
+                            cfg.heartbeat_interval_s, on_beat=self._fail_stale_after_beat) as beat:
                 rec.save(trial)
                 self.measured_layouts.add(layout_key(layout.to_dict()))
                 self._say(f"running trial {trial.number}: {layout.label()}")
@@ -456,7 +461,11 @@ class Tuner:
                           log_tail=res.log_tail[-LOG_TAIL_CHARS:] if res.log_tail else None,
                           measured_peak_gib=[round(x, 3) for x in res.peak_memory_gib] if res.peak_memory_gib else None)
         try:
-            self._file_result(trial, out, res, est)
+            # the trial is this worker's until it is told: keep beating while the result is filed (a database outage
+            # here makes the filing retry; without beats another worker would fail the trial as stale meanwhile)
+            with _Heartbeat(self._handle.storage if self._rdb is not None else None, cfg.study_name, trial.number,
+                            cfg.heartbeat_interval_s, trial_id=beat.trial_id if beat is not None else None):
+                self._file_result(trial, out, res, est)
         except optuna.exceptions.UpdateFinishedTrialError:
             # another worker failed this trial as stale (its heartbeats could not reach the database for longer
             # than the grace period): keep the measurement as a new trial linked to the failed one

@@ -178,10 +178,7 @@ class Layout:
     (``--fine-grained-activation-offloading --offload-modules``); (): off."""
 
     def __post_init__(self) -> None:
-        for f in fields(self):  # module lists read back from JSON/YAML (a study's attrs, a recipe) become tuples
-            v = getattr(self, f.name)
-            if isinstance(v, list):
-                object.__setattr__(self, f.name, tuple(v))
+        # (module lists read back from JSON / YAML become tuples below; no other field is a sequence)
         _positive("layout", tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep, etp=self.etp, vpp=self.vpp,
                   micro_batch_size=self.micro_batch_size, max_tokens_per_gpu=self.max_tokens_per_gpu)
         for name in ("first", "last", "recompute_num_layers"):

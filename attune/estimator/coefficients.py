@@ -18,14 +18,17 @@ from attune.spec.hardware import GPU
 
 
 def _c(default: float, unit: str, source: str, bounds: tuple[float, float] | None = None,
-       per_generation: bool = False):
+       per_generation: bool = False, moe: bool = False):
     """A coefficient field: its unit, its source and, for the few the global fit may move, the physically
-    plausible range (the range's source in ``source``) and whether it may differ between GPU generations."""
+    plausible range (the range's source in ``source``), whether it may differ between GPU generations and
+    whether it belongs to the MoE kernels (fitted to the MoE rows only, after the dense fields)."""
     meta: dict = {"unit": unit, "source": source}
     if bounds is not None:
         meta["bounds"] = bounds
     if per_generation:
         meta["per_generation"] = True
+    if moe:
+        meta["moe"] = True
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -125,25 +128,23 @@ class Coefficients:
     # ------------------------------------------------------------------ performance: MoE kernels (issue 14)
     # Fitted after the dense fields, with those held, to the MoE rows only (``moe`` in the metadata): a MoE row's
     # error never moves a dense coefficient.
-    moe_grouped_gemm_efficiency: float = dataclasses.field(default=0.85, metadata={
-        "unit": "fraction of a single GEMM's efficiency at the same per-expert shape", "moe": True,
-        "bounds": (0.3, 1.0), "per_generation": True,
-        "source": "TE/cuBLASLt grouped GEMMs launch once for all local experts but schedule uneven, small "
-                  "per-expert problems: 0.5-1.0 of a dense GEMM of the same shape (megatron-core "
-                  "moe/experts.py TEGroupedMLP) [prior, fitted]"})
+    moe_grouped_gemm_efficiency: float = _c(
+        0.85, "fraction of a single GEMM's efficiency at the same per-expert shape", "TE/cuBLASLt grouped GEMMs "
+        "launch once for all local experts but schedule uneven, small per-expert problems: 0.5-1.0 of a dense GEMM "
+        "of the same shape (megatron-core moe/experts.py TEGroupedMLP) [prior, fitted]",
+        bounds=(0.3, 1.0), per_generation=True, moe=True)
     moe_loop_gemm_ratio: float = _c(
         0.7, "fraction of the grouped GEMM's efficiency", "without --moe-grouped-gemm megatron-core's SequentialMLP "
         "loops over the local experts with a kernel launch and a Python step each, slower than one grouped GEMM "
         "[prior: 0.6 / 0.85 of the earlier priors; no corpus row runs without grouped GEMM, so it is not fitted]")
-    moe_alltoall_efficiency: float = dataclasses.field(default=0.6, metadata={
-        "unit": "fraction of the link's collective bandwidth", "moe": True, "bounds": (0.2, 1.0),
-        "source": "dispatch/combine all-to-all with uneven splits to many peers reaches less than the ring "
-                  "collectives' bus bandwidth (nccl-tests alltoall_perf) [prior, fitted]"})
-    moe_permutation_passes: float = dataclasses.field(default=4.0, metadata={
-        "unit": "HBM passes over the routed tokens' hidden states (unfused; fused: half)", "moe": True,
-        "bounds": (1.0, 8.0),
-        "source": "permute and unpermute each read and write every routed token (moe/moe_utils.py permute / "
-                  "unpermute); the fused kernels (--moe-permute-fusion) do it in one pass each [prior, fitted]"})
+    moe_alltoall_efficiency: float = _c(
+        0.6, "fraction of the link's collective bandwidth", "dispatch/combine all-to-all with uneven splits to many "
+        "peers reaches less than the ring collectives' bus bandwidth (nccl-tests alltoall_perf) [prior, fitted]",
+        bounds=(0.2, 1.0), moe=True)
+    moe_permutation_passes: float = _c(
+        4.0, "HBM passes over the routed tokens' hidden states (unfused; fused: half)", "permute and unpermute each "
+        "read and write every routed token (moe/moe_utils.py permute / unpermute); the fused kernels "
+        "(--moe-permute-fusion) do it in one pass each [prior, fitted]", bounds=(1.0, 8.0), moe=True)
     # ------------------------------------------------------------------ performance: optimizer and step
     host_optimizer_efficiency: float = _c(
         0.065, "fraction of host DRAM bandwidth", "CPU AdamW of 8 co-located ranks on pinned fp32 shards with the "

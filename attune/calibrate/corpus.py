@@ -296,7 +296,7 @@ def _moe_layout(row: dict, layout: Layout, model: ModelSpec, engine: Engine, wl:
         assumptions.append("etp: not stated, 1 (the Megatron-Bridge Qwen3 MoE recipes' expert_tensor_parallel_size) [assumed]")
     assumptions.append("MoE: alltoall dispatcher, grouped GEMM, permute fusion (Megatron-Bridge MoE performance "
                        "recipes) [assumed]")
-    balanced = "tokendrop" not in str(row.get("id"))
+    balanced = "force-balance" in str(row.get("notes") or "")  # what the row's source says it did
     if balanced:
         assumptions.append("MoE: tokens force-balanced over the experts (--moe-router-force-load-balancing; the source: "
                            "'we force-balance the token distribution among experts')")

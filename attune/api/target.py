@@ -7,6 +7,7 @@ tests and notebooks turn user input into typed values.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -41,6 +42,22 @@ def workload_with(base: Workload, *, seq: int | None = None, global_batch: int |
         kw["global_batch"] = global_batch
     w = replace(base, **kw) if kw else base
     return w.with_steps(steps) if steps is not None else w
+
+
+def batch_for_cluster(wl: Workload, world_size: int) -> tuple[Workload, str]:
+    """The default workload grown to the cluster: when its global batch is not a multiple of the world size
+    (a layout of DP = world size could not split it), the rows per step grow to the least common multiple, so
+    every DP size the cluster allows divides it. slime's scripts grow the rows per step with the cluster the
+    same way: run-deepseek-r1.sh (slime 624b824a, lines 46-47 and 169) trains 128 prompts x 8 samples = 1,024
+    rows per rollout on 16 nodes x 8 GPUs. Returns the workload and a sentence for the report ("" if
+    unchanged)."""
+    gb = wl.global_batch
+    if gb % world_size == 0:
+        return wl, ""
+    grown = math.lcm(gb, world_size)
+    return replace(wl, global_batch=grown), (
+        f"grown from the default {gb} rows so that every data-parallel size of {world_size} GPUs divides it; "
+        f"--global-batch sets it")
 
 
 def resolve_target(*, model: str | None = None, gpus: str | None = None, gpus_per_node: int | None = None,

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from attune.api.target import batch_for_cluster
 from attune.correctness.verdict import Verdict, apply_verdict
 from attune.correctness.verify import verify_recipe, write_outputs
 from attune.errors import NoFeasibleLayout, UserInputError
@@ -84,6 +85,9 @@ def tune_config(*, model: str, gpus: str, runner: str = "sim", trial_kind: str =
     wl = caps.default_workload or Workload()
     if seq or global_batch:
         wl = replace(wl, **{k: v for k, v in (("seq_length", seq), ("global_batch", global_batch)) if v})
+    workload_note = ""
+    if not global_batch:
+        wl, workload_note = batch_for_cluster(wl, cluster.world_size)
     if steps:
         wl = wl.with_steps(steps)
     default_space = caps.default_search_space
@@ -109,7 +113,7 @@ def tune_config(*, model: str, gpus: str, runner: str = "sim", trial_kind: str =
     extra = {k: v for k, v in (("heartbeat_interval_s", heartbeat_interval_s), ("grace_period_s", grace_period_s))
              if v is not None}
     return TuneConfig(model=m, cluster=cluster, engine=eng, workload=wl, space=space, runner=run, baseline=base,
-                      baseline_note=note, trials=trials or caps.default_trials,
+                      baseline_note=note, workload_note=workload_note, trials=trials or caps.default_trials,
                       candidates=candidates or caps.default_candidates, slack=slack, seed=seed,
                       storage=storage or f"sqlite:///{(out_dir / 'study.db').resolve()}",
                       study_name=study_name or f"{m.name}-{cluster.spec}-{runner}-{eng.name}-{space.name}",

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from .coefficients import DEFAULT, Coefficients
+from .coefficients import Coefficients, coefficients_for
 from attune.estimator.costs import BF16, FP32, Shape, layer_costs, mtp_logits_bytes, mtp_saved
 from attune.estimator import offload as knob_terms
 from attune.estimator import moe as moe_terms
@@ -268,6 +268,8 @@ def _fixed_overheads(layout: Layout, workload: Workload, engine: Engine, cluster
     if layout.moe_dispatcher == "flex" and model.moe is not None and layout.ep > 1:
         out["deepep_buffers"] = deepep_buffer_bytes(model.hidden, layout.ep, cluster.gpus_per_node) / GiB
     if layout.tp > 1 and layout.sp and (layout.tp_comm_overlap or engine.recipe_tp_comm_overlap):
+        # Megatron sizes the userbuffers once at start-up from seq_length x micro_batch_size / CP, not from the
+        # tokens of a microbatch (megatron/training/initialize.py lines 267-272 at 1dcf0daf)
         tokens = workload.seq_length * layout.micro_batch_size // layout.cp
         out["tp_overlap_buffers"] = TP_OVERLAP_BUFFERS * BF16 * tokens * model.hidden / GiB
     return out
@@ -301,8 +303,10 @@ def _stored_layers(layout: Layout, st) -> int:
 
 
 def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workload, engine: Engine,
-                    coef: Coefficients = DEFAULT, placement: Placement | None = None) -> MemoryEstimate:
-    """Each pipeline stage's peak memory; ``placement`` is derived here when the caller has none."""
+                    coef: Coefficients | None = None, placement: Placement | None = None) -> MemoryEstimate:
+    """Each pipeline stage's peak memory; ``placement`` is derived here when the caller has none. Without
+    ``coef``, the fitted set of the cluster's GPU generation (``coefficients_for``), as ``estimate`` does."""
+    coef = coef if coef is not None else coefficients_for(cluster.gpu)
     pl = placement or place(model, layout, workload, engine)
     b = pl.batch
     shape = Shape(layout.tp, layout.sp, layout.cp, b.tokens_per_gpu, workload.seq_length)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from .coefficients import DEFAULT, Coefficients
+from .coefficients import Coefficients, coefficients_for
 from attune.estimator.costs import BF16, FP32, LayerCost, Shape, layer_costs, logits_flops, mtp_gemm
 from attune.estimator import offload as knob_terms
 from attune.estimator.metrics import model_flops_utilization, usd_per_million_tokens
@@ -202,9 +202,11 @@ layouts sharing a (model, engine, shape), so each layer kind is timed once per s
 
 
 def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workload, engine: Engine,
-                         coef: Coefficients = DEFAULT, placement: Placement | None = None) -> PerfEstimate:
-    """Step time, throughput, MFU and cost; ``placement`` is derived here when the caller has none."""
+                         coef: Coefficients | None = None, placement: Placement | None = None) -> PerfEstimate:
+    """Step time, throughput, MFU and cost; ``placement`` is derived here when the caller has none. Without
+    ``coef``, the fitted set of the cluster's GPU generation (``coefficients_for``), as ``estimate`` does."""
     gpu = cluster.gpu
+    coef = coef if coef is not None else coefficients_for(gpu)
     if gpu.is_cpu:  # CPU BLAS reaches its peak at far smaller GEMMs than GPU tiles do
         coef = replace(coef, gemm_half_dim=coef.cpu_gemm_half_dim)
     peak = gpu.bf16_tflops * 1e12
@@ -308,7 +310,9 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
     # 1F1B with uneven stages: sum over stages + (M - 1) x slowest (reference section 8.1); interleaving
     # divides the fill/drain by v.
     pipeline = m * slowest + (sum(per_mb) - slowest) / v
-    bubble = pipeline - m * sum(per_mb) / p
+    # the one bubble: the pipeline's fill and drain beyond the critical stage's own work, so that the step is
+    # exactly the sum --explain prints (m x the critical stage's parts + bubble + DP + optimizer + overhead)
+    bubble = pipeline - m * slowest
 
     # DP over DP x CP ranks: gradient reduce-scatter in the grad dtype + parameter all-gather in bf16 with the
     # distributed optimizer, else an all-reduce of the grads. Without the overlap flags both run after the
@@ -378,5 +382,5 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
         exposed_comm_s={"tp": m * cp_["tp_comm"], "cp": m * cp_["cp_comm"], "pp": m * cp_["pp_comm"],
                         **({"ep": m * cp_["ep_comm"]} if moe_t else {}),
                         **({"act_offload": m * cp_["act_offload"]} if layout.offload_modules else {}), "dp": dp_s},
-        bubble_s=pipeline - m * slowest, optimizer_s=optimizer_s, overhead_s=overhead)
+        bubble_s=bubble, optimizer_s=optimizer_s, overhead_s=overhead)
     return PerfEstimate(step, tps, mfu, usd, pipeline, bubble, dp_s, optimizer_s, overhead, stages, breakdown)

@@ -31,7 +31,8 @@ def _header(cfg: TuneConfig) -> list[str]:
     return [f"# attune: {cfg.model.name} on {cfg.cluster.spec} ({cfg.engine.name})\n",
             f"Runner `{cfg.runner.name}` ({'measured runs' if measured else 'the calibrated model; every number here is predicted'}), "
             f"search space `{cfg.space.name}` ({cfg.space.path}), TPE seed {cfg.seed}, "
-            f"{cfg.workload.seq_length:,}-token rows, global batch {cfg.workload.global_batch} rows. "
+            f"{cfg.workload.seq_length:,}-token rows, global batch {cfg.workload.global_batch} rows"
+            f"{f' ({cfg.workload_note})' if cfg.workload_note else ''}. "
             f"Generated {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}.\n"]
 
 

@@ -104,6 +104,8 @@ class TuneConfig:
     """The layout measured first (the model's baseline adapted to the cluster and runner)."""
     baseline_note: str
     """Where the baseline comes from and what was adapted (one sentence for the report)."""
+    workload_note: str = ""
+    """What was adapted in the default workload for this cluster (one sentence for the report; "" if nothing)."""
     trials: int = 20
     """Target number of completed measured trials in the study (resuming counts earlier sessions)."""
     sampler: str = "model"

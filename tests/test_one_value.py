@@ -1,0 +1,56 @@
+"""One value per fact (issue 18): every public estimate path gives the same answer, and the bubble the CLI
+prints is the one --explain sums."""
+
+import json
+import re
+
+from attune.api.target import batch_for_cluster
+from attune.api.tune import tune_config
+from attune.cli import main
+from attune.estimator import estimate
+from attune.estimator.memory import estimate_memory
+from attune.estimator.performance import estimate_performance
+from attune.spec.layout import Workload
+
+
+def test_public_paths_agree(qwen, h200x8, slime, seed_cases, seed_workload):
+    for lay in seed_cases.values():
+        whole = estimate(qwen, h200x8, lay, seed_workload, slime, check_layout=False)
+        perf = estimate_performance(qwen, h200x8, lay, seed_workload, slime)
+        mem = estimate_memory(qwen, h200x8, lay, seed_workload, slime)
+        assert perf.step_time_s == whole.perf.step_time_s
+        assert perf.tokens_per_s_per_gpu == whole.perf.tokens_per_s_per_gpu
+        assert [s.total_gib for s in mem.stages] == [s.total_gib for s in whole.memory.stages]
+
+
+def test_one_bubble(qwen, h200x8, slime, seed_cases, seed_workload):
+    for lay in seed_cases.values():
+        p = estimate_performance(qwen, h200x8, lay, seed_workload, slime)
+        assert p.bubble_s == p.breakdown.bubble_s
+        assert abs(p.breakdown.total_s - p.step_time_s) < 1e-9 * p.step_time_s
+
+
+def test_cli_bubble_is_explains(capsys):
+    flags = ["--", "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "4",
+             "--decoder-first-pipeline-num-layers", "16", "--decoder-last-pipeline-num-layers", "14",
+             "--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "12",
+             "--max-tokens-per-gpu", "8192"]
+    assert main(["estimate", "--model", "Qwen3.6-27B", "--gpus", "8xH200", "--explain", *flags]) == 0
+    out = capsys.readouterr().out
+    printed = float(re.search(r"incl\. bubble ([\d.]+) s", out).group(1))
+    explained = float(re.search(r"pipeline bubble\s*[│|]?\s*([\d.]+)", out).group(1))
+    assert abs(printed - explained) < 0.01
+    assert main(["estimate", "--model", "Qwen3.6-27B", "--gpus", "8xH200", "--json", *flags]) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert abs(js["performance"]["breakdown_s"]["bubble_s"] - printed) < 0.01
+
+
+def test_default_batch_grows_with_the_cluster():
+    wl, note = batch_for_cluster(Workload(global_batch=128), 8)
+    assert wl.global_batch == 128 and note == ""
+    wl, note = batch_for_cluster(Workload(global_batch=128), 256)
+    assert wl.global_batch == 256 and "128" in note
+    assert batch_for_cluster(Workload(global_batch=96), 64)[0].global_batch == 192
+    cfg = tune_config(model="DeepSeek-V3", gpus="256xH200")  # exited 2 before: 128 rows over DP 256
+    assert cfg.workload.global_batch == 256 and cfg.workload_note
+    assert tune_config(model="DeepSeek-V3", gpus="256xH200", global_batch=512).workload.global_batch == 512

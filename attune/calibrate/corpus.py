@@ -85,9 +85,9 @@ def _engine(name: str, assumptions: list[str], version: str = "") -> Engine:
     if ("nemo" in low or "bridge" in low) and "megatron-bridge" in ENGINES:
         return get_engine("megatron-bridge")
     if "deepspeed" in low:
-        assumptions.append("engine: Megatron-DeepSpeed estimated as Megatron-LM of its time (megatron-legacy: same model "
-                           "code, unfused attention with dropout, ZeRO-1 as the distributed optimizer)")
-        return get_engine("megatron-legacy")
+        assumptions.append("engine: Megatron-DeepSpeed (megatron-legacy's model code: unfused attention with dropout, "
+                           "ZeRO-1 as the distributed optimizer; DeepSpeed's pipeline sends whole tensors)")
+        return get_engine("megatron-deepspeed")
     if "megatron" in low or "nemo" in low:
         year = _year(version)
         if year is not None and year < LEGACY_BEFORE:
@@ -176,15 +176,19 @@ def _layout(row: dict, model: ModelSpec, engine: Engine, assumptions: list[str],
                                f"virtual_pipeline_parallelism={vpp})")
         elif pp > 1:
             assumptions.append("vpp: not stated, no interleaving")
+    old_era = engine.era_without_sp_and_dist_optimizer
     sp = row.get("sp")
     if sp is None:
-        sp = tp > 1
-        if tp > 1:
+        sp = tp > 1 and not old_era
+        if old_era:
+            assumptions.append(f"sp: not stated, off ({engine.name}: before sequence parallelism was the default)")
+        elif tp > 1:
             assumptions.append("sp: not stated, on (NeMo / Megatron-LM performance recipes enable it with TP > 1)")
     dist = row.get("dist_optimizer")
     if dist is None:
-        dist = True
-        assumptions.append("dist_optimizer: not stated, on (NeMo / Megatron-LM performance recipes' default)")
+        dist = not old_era
+        assumptions.append(f"dist_optimizer: not stated, off ({engine.name}: before the distributed optimizer)" if old_era
+                           else "dist_optimizer: not stated, on (NeMo / Megatron-LM performance recipes' default)")
     elif isinstance(dist, str):
         dist = "zero" in dist.lower() or "distributed" in dist.lower()
     mbs = row.get("micro_batch")

@@ -231,10 +231,13 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
     n_rec = layout.recompute_num_layers or 0
     p, v, m = layout.pp, layout.vpp, b.microbatches
     # PP point-to-point: one activation forward and one gradient backward per chunk boundary
-    pp_bytes = BF16 * b.tokens_per_gpu * model.hidden / (layout.tp if layout.sp else 1)
+    scatter = layout.tp > 1 and not layout.sp and engine.p2p_scatter_gather
+    pp_bytes = BF16 * b.tokens_per_gpu * model.hidden / (layout.tp if (layout.sp or scatter) else 1)
     stride = layout.tp * layout.cp * layout.dp
     pp_bw = _link_gbps(2, stride, cluster, coef) * 1e9
     pp_send = pp_bytes / pp_bw + coef.collective_latency_s if p > 1 else 0.0
+    if scatter and p > 1:  # the receiver all-gathers the TP slices back into the full tensor
+        pp_send += (layout.tp - 1) * pp_bytes / tp_bw + coef.collective_latency_s
     if v > 1 and engine.overlap_p2p_interleaved:
         # interleaved 1F1B posts its sends/receives asynchronously under the next chunk's compute: what stays
         # exposed per chunk boundary is a fitted fraction (coefficients.py)

@@ -54,6 +54,16 @@ class Engine:
     # interleaved 1F1B overlaps the PP sends/receives with compute: Megatron-LM's overlap_p2p_comm is on
     # unless --no-overlap-p2p-communication (megatron/training/arguments.py) and applies to VPP > 1 only
     overlap_p2p_interleaved: bool = True
+    # Megatron-LM before sequence parallelism sent each pipeline activation / gradient scattered over the TP ranks
+    # (1/TP of the tensor per rank) and all-gathered it within TP on arrival (Narayanan et al. 2021, "Efficient
+    # Large-Scale Language Model Training on GPU Clusters", section 4.1, "scatter/gather communication
+    # optimization"; the --no-scatter-gather-tensors-in-pipeline flag still parses at Megatron-LM 1dcf0daf,
+    # megatron/training/arguments.py lines 2305-2307, but megatron-core's p2p_communication no longer reads it)
+    p2p_scatter_gather: bool = False
+    # launches of Megatron-LM's 2021-2022 era: sequence parallelism (Korthikanti et al. 2022) and the distributed
+    # optimizer were not yet the default, so a published run that does not state them ran without (the corpus
+    # reader's assumption for unstated fields); later engines' performance recipes turn both on
+    era_without_sp_and_dist_optimizer: bool = False
     # gradient buffer dtype on the bf16 path: megatron-core's DistributedDataParallelConfig.grad_reduce_in_fp32.
     # Megatron-LM turns it on for bf16 (megatron/training/arguments.py: accumulate_allreduce_grads_in_fp32 =
     # True with --bf16); NeMo / Megatron-Bridge performance launches turn it off (NeMo
@@ -94,8 +104,17 @@ ENGINES: dict[str, Engine] = {
     # attention and hidden dropout 0.1 (GPT-3 / BLOOM configs); not a launch target, only for published runs
     "megatron-legacy": Engine("megatron-legacy", False, 6.0, False, False, False,
                               step_overhead="step_overhead_megatron_s", attention_kernel="unfused",
-                              hidden_dropout_masks=True, fp16_grads_in_fp32=True,
+                              hidden_dropout_masks=True, fp16_grads_in_fp32=True, p2p_scatter_gather=True,
+                              era_without_sp_and_dist_optimizer=True,
                               label="Megatron-LM v3.0 / Megatron-DeepSpeed (2022: unfused core attention, dropout)"),
+    # Megatron-DeepSpeed (BigScience's BLOOM fork): megatron-legacy's model code, but DeepSpeed's pipeline engine
+    # sends each stage's whole output tensor (deepspeed/runtime/pipe/engine.py _exec_send_activations,
+    # lines 1037-1041 at DeepSpeed 38327e07f), without Megatron's scatter/gather over TP
+    "megatron-deepspeed": Engine("megatron-deepspeed", False, 6.0, False, False, False,
+                                 step_overhead="step_overhead_megatron_s", attention_kernel="unfused",
+                                 hidden_dropout_masks=True, fp16_grads_in_fp32=True,
+                                 era_without_sp_and_dist_optimizer=True,
+                                 label="Megatron-DeepSpeed (2022: megatron-legacy's model code, DeepSpeed's pipeline)"),
     # attune's own PyTorch runner: fp32 log-softmax over full logits (logits + log_softmax + grad)
     "torch": Engine("torch", False, 12.0, True, True, True, step_overhead="step_overhead_torch_s", attune_trainer=True,
                     nvls=False, label="attune torch runner (PyTorch, gloo/NCCL)"),

@@ -295,6 +295,41 @@ def leave_one_series_out(corpus: Corpus, series: str, start: CoefficientSet | No
     return res, [predict_row(r, res.coefficients.for_row(r)) for r in held]
 
 
+# ---------------------------------------------------------------------- MoE: leave one model out (issue 21)
+def moe_models(corpus: Corpus) -> list[str]:
+    """Bundled MoE models with expressed throughput rows in the corpus, in first-seen order."""
+    return list(dict.fromkeys(r.model.name for r in corpus.expressed if is_moe_row(r) and r.has_throughput))
+
+
+def leave_one_model_out(corpus: Corpus, model: str, dense: CoefficientSet) -> tuple[FitResult, list[Prediction]]:
+    """The MoE stage fitted without ``model``'s rows (the dense coefficients ``dense`` held, as in ``fit_all``),
+    then ``model``'s throughput rows predicted with the result: how the MoE coefficients transfer to a model
+    they never saw."""
+    held = [r for r in corpus.expressed if is_moe_row(r) and r.model.name == model and r.has_throughput]
+    if not held:
+        raise FitError(f"MoE model '{model}' has no expressed throughput row in {corpus.directory}")
+    rest = Corpus(rows=tuple(r for r in corpus.rows if not (r.model is not None and r.model.name == model)),
+                  directory=corpus.directory)
+    res = fit(rest, dense, moe=True)
+    return res, [predict_row(r, res.coefficients.for_row(r)) for r in held]
+
+
+def moe_transfer_table(corpus: Corpus, dense: CoefficientSet, fitted: CoefficientSet) -> list[dict]:
+    """Per MoE model: rows, in-sample MAPE / bias (``fitted``: the full fit) and leave-one-model-out MAPE / bias
+    (the MoE stage refitted without the model on top of ``dense``), fractions (0.05 = 5%)."""
+    out = []
+    for name in moe_models(corpus):
+        rows = [r for r in corpus.expressed if is_moe_row(r) and r.model.name == name and r.has_throughput]
+        ins = [predict_row(r, fitted.for_row(r)) for r in rows]
+        _, lomo = leave_one_model_out(corpus, name, dense)
+        e_in = [p.error for p in ins if p.error is not None]
+        e_out = [p.error for p in lomo if p.error is not None]
+        mean = lambda v: sum(v) / len(v) if v else None  # noqa: E731
+        out.append({"model": name, "rows": len(rows), "in_sample_mape": mean([abs(e) for e in e_in]),
+                    "in_sample_bias": mean(e_in), "lomo_mape": mean([abs(e) for e in e_out]), "lomo_bias": mean(e_out)})
+    return out
+
+
 # ---------------------------------------------------------------------- the data file
 def _round(v: float) -> float:
     return float(f"{v:.5g}")

@@ -111,6 +111,13 @@ def is_moe_row(r: CorpusRow) -> bool:
     return r.model is not None and r.model.moe is not None
 
 
+def by_model(rows: Sequence[CorpusRow]) -> list[CorpusRow]:
+    """MoE rows regrouped by model for the MoE stage's weights (series ``MoE <model>``): each MoE model counts once,
+    however many releases repeat it (GPT-OSS-120B fills five of the corpus's series, DeepSeek-V3 and Qwen3-235B
+    share one), so the shared MoE coefficients are not one model's."""
+    return [dataclasses.replace(r, series=f"MoE {r.model.name}") for r in rows]
+
+
 def fit_params(corpus: Corpus, start: CoefficientSet | None = None, moe: bool = False) -> list[FitParam]:
     """The free values: fields with ``bounds``, per generation present in the corpus where ``per_generation``;
     the dense fields (``moe`` False) or the MoE kernels' fields (``moe`` True, generations of the MoE rows)."""
@@ -240,6 +247,8 @@ def fit(corpus: Corpus, start: CoefficientSet | None = None, params: Sequence[Fi
     params = list(params) if params is not None else fit_params(corpus, start, moe=moe)
     if not params:
         raise FitError("no coefficient declares bounds in its metadata: nothing to fit")
+    if moe:
+        rows = by_model(rows)
     w = _weights(rows)
     x0 = np.array([p.start for p in params])
     lo = np.array([p.lo for p in params])

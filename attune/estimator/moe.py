@@ -41,6 +41,12 @@ ROUTER_BYTES = {"fp32": FP32, "fp64": 8, None: BF16}
 
 INT32 = 4  # bytes of one permutation-map entry (row_id_map, int32: moe/moe_utils.py permute)
 
+ALLTOALL_SORT_PASSES = 4
+"""HBM passes over the routed tokens' hidden states the alltoall dispatcher adds with more than one local expert:
+``sort_chunks_by_idxs`` after the dispatch all-to-all (by local expert) and again before the combine (back by
+source rank), each reading and writing every row (Megatron-LM 1dcf0daf moe/token_dispatcher.py lines 734-740 and
+769-774); the flex dispatcher's DeepEP / HybridEP kernels permute once, in its permute step."""
+
 EXPERT_BIAS_BYTES = 2 + 4 + 4 + 4 + 4 + 4 + 4 + 2
 """HBM bytes per element of the experts' fc2 output that megatron-core's bias path moves in forward, experts with
 biases only (GPT-OSS): ``TEGroupedMLP._apply_bias`` (Megatron-LM 1dcf0daf megatron/core/transformer/moe/experts.py
@@ -196,8 +202,9 @@ def dispatch_bytes(model: ModelSpec, layout: Layout, cluster: Cluster, shape: Sh
 
 def dispatch_seconds(model: ModelSpec, cluster: Cluster, layout: Layout, shape: Shape, coef) -> float:
     """One dispatch (or combine) of one microbatch and MoE layer, seconds: NVLink and NIC traffic run at once,
-    the slower sets the time. NCCL's all-to-all (alltoall, allgather) at the collectives' link efficiency times
-    ``moe_alltoall_efficiency`` (fitted); DeepEP / HybridEP kernels at ``moe_flex_efficiency`` of the line rates
+    the slower sets the time. NCCL's all-to-all (alltoall, allgather): over NVLink at the collectives' link efficiency
+    times ``moe_alltoall_efficiency`` (fitted: p2p sends to many peers), over the NICs at the collectives' network
+    efficiency; DeepEP / HybridEP kernels at ``moe_flex_efficiency`` of the line rates
     (their README figures). A node's NICs are shared by its GPUs."""
     gpu = cluster.gpu
     nvl_b, net_b = dispatch_bytes(model, layout, cluster, shape)
@@ -207,7 +214,7 @@ def dispatch_seconds(model: ModelSpec, cluster: Cluster, layout: Layout, shape: 
         net_bw = net_line * coef.moe_flex_efficiency
     else:
         nvl_bw = gpu.nvlink_gbps * 1e9 * coef.nvlink_efficiency * coef.moe_alltoall_efficiency
-        net_bw = net_line * coef.network_efficiency * coef.moe_alltoall_efficiency
+        net_bw = net_line * coef.network_efficiency  # the NICs bind: NCCL's p2p all-to-all saturates them
     return max(nvl_b / nvl_bw, net_b / net_bw if net_b else 0.0) + coef.collective_latency_s
 
 
@@ -230,6 +237,8 @@ def moe_layer_times(model: ModelSpec, cluster: Cluster, layout: Layout, shape: S
     gemm = flops / (peak * _gemm_eff(min(per_expert, h, f), coef) * kind)
     router = 2 * t * h * moe.experts / (peak * _gemm_eff(min(t, h, moe.experts), coef))
     passes = coef.moe_permutation_passes / (2 if layout.moe_permute_fusion else 1)
+    if layout.moe_dispatcher == "alltoall" and local_experts > 1:
+        passes += ALLTOALL_SORT_PASSES
     mem = (passes * R * BF16 * h + 3 * t * moe.experts * FP32 + 3 * R * BF16 * f
            + (EXPERT_BIAS_BYTES * R * h if moe.expert_bias else 0.0)) / hbm
     ep_fwd = ep_bwd = 0.0

@@ -310,6 +310,19 @@ def moe_models(corpus: Corpus) -> list[str]:
     return list(dict.fromkeys(r.model.name for r in corpus.expressed if is_moe_row(r) and r.has_throughput))
 
 
+def _moe_fields() -> dict[str, float]:
+    src = Coefficients()
+    return {f.name: getattr(src, f.name) for f in dataclasses.fields(Coefficients) if f.metadata.get("moe")}
+
+
+def reset_moe(cs: CoefficientSet) -> CoefficientSet:
+    """``cs`` with every MoE field back at its source value: the dense stage's result, where a MoE fit starts
+    (and what its prior pulls towards), whatever MoE values ``cs`` held."""
+    src = _moe_fields()
+    return CoefficientSet(shared=dataclasses.replace(cs.shared, **src),
+                          by_generation={g: dataclasses.replace(c, **src) for g, c in cs.by_generation.items()})
+
+
 def leave_one_model_out(corpus: Corpus, model: str, dense: CoefficientSet) -> tuple[FitResult, list[Prediction]]:
     """The MoE stage fitted without ``model``'s rows (the dense coefficients ``dense`` held, as in ``fit_all``),
     then ``model``'s throughput rows predicted with the result: how the MoE coefficients transfer to a model
@@ -319,13 +332,17 @@ def leave_one_model_out(corpus: Corpus, model: str, dense: CoefficientSet) -> tu
         raise FitError(f"MoE model '{model}' has no expressed throughput row in {corpus.directory}")
     rest = Corpus(rows=tuple(r for r in corpus.rows if not (r.model is not None and r.model.name == model)),
                   directory=corpus.directory)
-    res = fit(rest, dense, moe=True)
+    res = fit(rest, reset_moe(dense), moe=True)
     return res, [predict_row(r, res.coefficients.for_row(r)) for r in held]
 
 
-def moe_transfer_table(corpus: Corpus, dense: CoefficientSet, fitted: CoefficientSet) -> list[dict]:
-    """Per MoE model: rows, in-sample MAPE / bias (``fitted``: the full fit) and leave-one-model-out MAPE / bias
-    (the MoE stage refitted without the model on top of ``dense``), fractions (0.05 = 5%)."""
+def moe_transfer_table(corpus: Corpus, fitted: CoefficientSet, dense: CoefficientSet | None = None) -> list[dict]:
+    """Per MoE model: rows, in-sample MAPE / bias (``fitted``: the full fit, or the shipped coefficients) and
+    leave-one-model-out MAPE / bias (the MoE stage refitted without the model on top of ``dense``, default
+    ``fitted``'s dense fields), fractions (0.05 = 5%). Empty when the corpus has fewer than two MoE models."""
+    dense = dense if dense is not None else fitted
+    if len(moe_models(corpus)) < 2:
+        return []
     out = []
     for name in moe_models(corpus):
         rows = [r for r in corpus.expressed if is_moe_row(r) and r.model.name == name and r.has_throughput]
@@ -344,7 +361,8 @@ def _round(v: float) -> float:
     return float(f"{v:.5g}")
 
 
-def to_data(result: FitResult, corpus_dir: str, today: _dt.date | None = None) -> dict:
+def to_data(result: FitResult, corpus_dir: str, today: _dt.date | None = None,
+            moe_transfer: Sequence[dict] = ()) -> dict:
     """The coefficient data file's content: fitted values, what they were fitted to, residuals per series."""
     cs = result.coefficients
     shared_names = [p.name for p in result.params if p.generation is None]
@@ -372,6 +390,11 @@ def to_data(result: FitResult, corpus_dir: str, today: _dt.date | None = None) -
                                  "spearman": None if s.spearman is None else round(s.spearman, 3),
                                  "verdicts_right": f"{s.verdicts_right}/{s.verdicts}" if s.verdicts else None,
                                  "component_mape_pct": pct(s.component_mape)} for s in result.scores},
+        **({"moe_transfer": {t["model"]: {"rows": t["rows"], "in_sample_mape_pct": pct(t["in_sample_mape"]),
+                                          "in_sample_bias_pct": pct(t["in_sample_bias"]),
+                                          "leave_one_model_out_mape_pct": pct(t["lomo_mape"]),
+                                          "leave_one_model_out_bias_pct": pct(t["lomo_bias"])}
+                             for t in moe_transfer}} if moe_transfer else {}),
     }
 
 
@@ -379,8 +402,9 @@ HEADER = ("# The estimator's fitted coefficients (attune/estimator/coefficients.
           "# `per_generation`). Written by `attune calibrate --fit`; refit rather than edit by hand.\n")
 
 
-def write_data(result: FitResult, path: Path, corpus_dir: str) -> Path:
+def write_data(result: FitResult, path: Path, corpus_dir: str, moe_transfer: Sequence[dict] = ()) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(HEADER + yaml.safe_dump(to_data(result, corpus_dir), sort_keys=False, width=120))
+    path.write_text(HEADER + yaml.safe_dump(to_data(result, corpus_dir, moe_transfer=moe_transfer), sort_keys=False,
+                                            width=120))
     return path

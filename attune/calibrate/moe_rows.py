@@ -106,7 +106,8 @@ def resolve_moe_model(g: dict) -> tuple[ModelSpec | None, str]:
     if m is not None:
         return m, f"model: the bundled {m.name} (by the row's geometry: {stated_geometry(g)})"
     what = f"Hugging Face id {g.get('hf')}" if g.get("hf") else "no Hugging Face id"
-    return None, f"not modelled: MoE model with {what} and geometry {stated_geometry(g) or 'not stated'} matches no bundled MoE model"
+    return None, (f"not modelled: MoE model {g.get('name')!r} ({what}, geometry {stated_geometry(g) or 'not stated'}) "
+                  f"matches no bundled MoE model ({', '.join(m.name for m in _bundled_moe())})")
 
 
 # ---------------------------------------------------------------------- settings the row or its recipe states

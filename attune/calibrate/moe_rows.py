@@ -136,14 +136,23 @@ MBRIDGE_RECIPES: dict[tuple[str, str], dict] = {
 RECIPE_SOURCE = "Megatron-Bridge v0.2.0 scripts/performance/configs/*/workload_base_configs.py"
 
 _FLEX = re.compile(r"deepep|hybrid-?ep|\bflex\b|moe_flex_dispatcher_backend|moe-enable-deepep", re.I)
-_A2A = re.compile(r"alltoall dispatcher|moe[-_]token[-_]dispatcher[-_]type[ =:]+alltoall", re.I)
+_A2A = re.compile(r"alltoall dispatcher|dispatcher(?:[-_]type)?[ =:]+alltoall", re.I)
 _OVERLAP = re.compile(r"overlap[-_]moe[-_]expert[-_]parallel[-_]comm|moe_a2a_overlap|a2a overlap|ep overlap", re.I)
 
 
+_SETTING_KEYS = re.compile(r"dispatch|deepep|hybridep|overlap|a2a|flags|launch|command", re.I)
+
+
 def row_text(row: dict) -> str:
-    """What a row says about how it ran: its notes, its model name's qualifiers and its stated flags."""
+    """What a row says about how it ran: its notes, its model name's qualifiers and every top-level field naming a
+    dispatcher, an overlap or its flags (``dispatcher: deepep``, ``moe_a2a_overlap: true``, ``flags: ...``), as
+    ``key=value`` so a switch set true reads like its flag."""
     g = row.get("model") or {}
-    return " ".join(str(x) for x in (row.get("notes"), g.get("name"), row.get("flags"), row.get("dispatcher")) if x)
+    parts = [str(x) for x in (row.get("notes"), g.get("name")) if x]
+    for k, v in row.items():
+        if _SETTING_KEYS.search(str(k)) and v not in (None, False, "", "false", "no"):
+            parts.append(f"{k}={v}" if v is not True else str(k))
+    return " ".join(parts)
 
 
 def moe_settings(row: dict, model: ModelSpec, gpu_key: str, engine_name: str) -> tuple[dict, list[str]]:

@@ -107,6 +107,10 @@ def test_dispatcher_overlap_and_recompute_from_the_row_or_its_recipe():
     r = read_row(ds, "moe.yaml")
     assert r.expressed, r.reason
     assert r.layout.moe_dispatcher == "flex" and r.layout.recompute_modules == ("mla_up_proj",)
+    # DeepSeek-V3 "w/ MTP": the MTP layer trained; "(tokendrop)": capacity factor 1, not force-balanced
+    r = read_row({**ds, "model": {**ds["model"], "name": "DeepSeekV3 (w/ MTP, tokendrop)"}}, "moe.yaml")
+    assert r.layout.mtp_layers == 1 and r.layout.moe_capacity_factor == 1.0 and not r.layout.moe_force_balance
+    assert read_row(ds, "moe.yaml").layout.mtp_layers == 0
     # overlap stated where megatron-core refuses it (PP > 1 without VPP): off, and said so
     r = read_row({**ds, "vpp": None, "notes": "moe_a2a_overlap"}, "moe.yaml")
     assert r.expressed and not r.layout.moe_ep_overlap

@@ -297,7 +297,9 @@ def _moe_layout(row: dict, layout: Layout, model: ModelSpec, engine: Engine, wl:
     if st["recompute"] and row.get("recompute") is None and layout.recompute_granularity == "none":
         extra = dict(recompute_granularity="selective", recompute_modules=tuple(st["recompute"]))
         assumptions.append(f"recompute: not stated, modules {', '.join(st['recompute'])} (the release's recipe) [assumed]")
-    balanced = "force-balance" in str(row.get("notes") or "")  # what the row's source says it did
+    balanced = "force-balance" in str(row.get("notes") or "") and not st["capacity"]  # what the row's source says
+    extra.update({"moe_capacity_factor": st["capacity"]} if st["capacity"] else {})
+    extra.update({"mtp_layers": st["mtp"]} if st["mtp"] else {})
     if balanced:
         assumptions.append("MoE: tokens force-balanced over the experts (--moe-router-force-load-balancing; the source: "
                            "'we force-balance the token distribution among experts')")

@@ -180,4 +180,14 @@ def moe_settings(row: dict, model: ModelSpec, gpu_key: str, engine_name: str) ->
         if overlap:
             notes.append(f"MoE: expert all-to-all overlap (moe_a2a_overlap in the recipe: {RECIPE_SOURCE}) [assumed]")
     recompute = recipe["recompute"] if recipe else None
-    return dict(dispatcher=dispatcher, overlap=overlap, recompute=recompute), notes
+    # Megatron-Bridge's "tokendrop" runs: apply_moe_token_drop (capacity factor 1, inputs padded to capacity) and
+    # no forced balance (v0.2.0 scripts/performance/utils/helpers.py lines 226-229); "w/ MTP": the MTP layer trained
+    label = f"{(row.get('model') or {}).get('name') or ''} {row.get('id') or ''}"  # the run's label, not the notes
+    capacity = 1.0 if re.search(r"token-?drop(?!less)", label, re.I) else None
+    if capacity:
+        notes.append("MoE: token dropping at capacity factor 1.0, not force-balanced (the row's 'tokendrop')")
+    mtp = 1 if (re.search(r"\bw/ ?mtp\b|with mtp", label, re.I) and model.moe is not None
+                and model.mtp_layers) else 0
+    if mtp:
+        notes.append("MTP: one multi-token-prediction layer trained (the row's 'w/ MTP')")
+    return dict(dispatcher=dispatcher, overlap=overlap, recompute=recompute, capacity=capacity, mtp=mtp), notes

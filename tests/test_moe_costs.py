@@ -111,6 +111,12 @@ def test_dispatcher_overlap_and_recompute_from_the_row_or_its_recipe():
     r = read_row({**ds, "model": {**ds["model"], "name": "DeepSeekV3 (w/ MTP, tokendrop)"}}, "moe.yaml")
     assert r.layout.mtp_layers == 1 and r.layout.moe_capacity_factor == 1.0 and not r.layout.moe_force_balance
     assert read_row(ds, "moe.yaml").layout.mtp_layers == 0
+    # DeepSeek-V3 on H100 (TP2 PP8 VPP4 EP64): DeepEP with the overlap, and the recipe's 61-layer split over 32 stages
+    h100 = read_row({**ds, "gpu": "H100-SXM-80GB (DGX-H100)", "num_gpus": 1024, "global_batch": 8192, "tp": 2, "pp": 8,
+                     "dp": 64}, "moe.yaml")
+    assert h100.expressed, h100.reason
+    assert h100.layout.moe_dispatcher == "flex" and h100.layout.moe_ep_overlap
+    assert h100.layout.pipeline_layout == "Et*1|(t*2|)*30L"
     # overlap stated where megatron-core refuses it (PP > 1 without VPP): off, and said so
     r = read_row({**ds, "vpp": None, "notes": "moe_a2a_overlap"}, "moe.yaml")
     assert r.expressed and not r.layout.moe_ep_overlap

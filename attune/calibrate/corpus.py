@@ -221,6 +221,15 @@ def _layout(row: dict, model: ModelSpec, engine: Engine, assumptions: list[str],
             account = dict(pipeline_layout=text)
             assumptions.append(f"pipeline layout: not stated, {text} (the Megatron-Bridge DeepSeek-V3 recipes' uneven "
                                f"split) [assumed]")
+        elif stages > 2 and (model.num_layers - 1) % (stages - 2) == 0:
+            # one layer with the embedding, the loss alone on the last stage, the rest even: Megatron-Bridge v0.2.0
+            # DeepSeek-V3 on H100, PP 8 x VPP 4: "Et|(tt|)*30mL" (scripts/performance/configs/deepseek/
+            # deepseek_llm_pretrain.py), its MTP layer left out
+            k = (model.num_layers - 1) // (stages - 2)
+            text = f"Et*1|(t*{k}|)*{stages - 2}L"
+            account = dict(pipeline_layout=text)
+            assumptions.append(f"pipeline layout: not stated, {text} (the Megatron-Bridge DeepSeek-V3 H100 recipe's "
+                               f"split) [assumed]")
     try:
         layout = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vpp=int(vpp), sp=bool(sp), micro_batch_size=int(mbs), first=first, last=last,
                         distributed_optimizer=bool(dist), precision=precision, **stated, **account,

@@ -47,6 +47,12 @@ ALLTOALL_SORT_PASSES = 4
 source rank), each reading and writing every row (Megatron-LM 1dcf0daf moe/token_dispatcher.py lines 734-740 and
 769-774); the flex dispatcher's DeepEP / HybridEP kernels permute once, in its permute step."""
 
+EP_OVERLAP_SM_SHARE = 20 / 132
+"""Fraction of the GPU's SMs the dispatch / combine kernels hold while they run under compute
+(--overlap-moe-expert-parallel-comm): DeepEP's normal kernels take ``moe_deepep_num_sms`` = 20 by default
+(Megatron-LM 1dcf0daf transformer_config.py line 734) of an H100's 132; the overlapped compute runs that much
+slower. NCCL's all-to-all channels and HybridEP (16 SMs by default, line 737) hold a similar share."""
+
 EXPERT_BIAS_BYTES = 2 + 4 + 4 + 4 + 4 + 4 + 4 + 2
 """HBM bytes per element of the experts' fc2 output that megatron-core's bias path moves in forward, experts with
 biases only (GPT-OSS): ``TEGroupedMLP._apply_bias`` (Megatron-LM 1dcf0daf megatron/core/transformer/moe/experts.py
@@ -251,9 +257,11 @@ def moe_layer_times(model: ModelSpec, cluster: Cluster, layout: Layout, shape: S
         if layout.moe_ep_overlap:
             # --overlap-moe-expert-parallel-comm (megatron-core combined 1F1B: one microbatch's dispatch / combine
             # under another's forward / backward compute of the same layer): what the routed experts' compute
-            # cannot cover stays exposed
+            # cannot cover stays exposed, and the overlapped part slows that compute by the SMs the communication
+            # kernels hold (EP_OVERLAP_SM_SHARE)
             cover = 3 * (gemm + router) + (1 + coef.backward_memory_ratio) * mem
-            ep_fwd, ep_bwd = (max(0.0, e - cover * e / (ep_fwd + ep_bwd)) for e in (ep_fwd, ep_bwd))
+            ep_fwd, ep_bwd = (max(0.0, e - c) + EP_OVERLAP_SM_SHARE * min(e, c)
+                              for e, c in ((e, cover * e / (ep_fwd + ep_bwd)) for e in (ep_fwd, ep_bwd)))
     # the experts' activation alone (read fc1 output 2f wide, write f): what ``moe_act`` recompute runs again
     act = 3 * R * BF16 * f / hbm
     return {"fwd_gemm": gemm + router, "bwd_gemm": 2 * (gemm + router), "fwd_memory": mem,

@@ -37,6 +37,7 @@ VARIANTS = {
     "moe_grouped_gemm": dict(moe_grouped_gemm=True),
     "moe_permute_fusion": dict(moe_permute_fusion=True),
     "moe_shared_expert_overlap": dict(moe_shared_expert_overlap=True),
+    "moe_ep_overlap": dict(moe_ep_overlap=True),
     "moe_capacity_factor": dict(moe_capacity_factor=1.25),
     "moe_force_balance": dict(moe_force_balance=True),
     "mtp_layers": dict(mtp_layers=1),

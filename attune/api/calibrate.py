@@ -9,7 +9,7 @@ from pathlib import Path
 
 import attune
 from attune.calibrate.corpus import load_corpus
-from attune.calibrate.fit import FitResult, fit_all, write_data
+from attune.calibrate.fit import FitResult, current, fit_all, moe_transfer_table, write_data
 from attune.calibrate.report import (Prediction, SeriesScore, default_coefficients, markdown, predict, scores,
                                      write_csv, write_parity_png)
 from attune.calibrate.rows import Corpus, CorpusRow
@@ -50,6 +50,8 @@ class CalibrationOutcome:
     """Where the refit coefficients were written."""
     stale_names: tuple[str, ...] = ()
     """Names in the shipped data file that are no coefficient (a renamed field: refit)."""
+    moe_transfer: tuple[dict, ...] = ()
+    """Per MoE model: in-sample and leave-one-model-out MAPE / bias (``moe_transfer_table``)."""
 
     @property
     def unexpressed(self) -> list[CorpusRow]:
@@ -75,17 +77,20 @@ def calibrate(corpus_dir: str | Path | None = None, do_fit: bool = False, out_di
     result, written, coef_for = None, None, default_coefficients
     if do_fit:
         result = fit_all(corpus)
+        transfer = moe_transfer_table(corpus, result.coefficients)
         target = Path(data_file) if data_file is not None else (
             package_data_file() if running_from_checkout() else out / DATA_FILE)
-        written = write_data(result, target, corpus.directory)
+        written = write_data(result, target, corpus.directory, moe_transfer=transfer)
         coef_for = result.coefficients.for_row
+    else:
+        transfer = moe_transfer_table(corpus, current())
     preds = predict(corpus, coef_for)
     title = "Calibration against the public corpus" + (" (refit)" if do_fit else "")
     files = [write_csv(preds, out / "calibration.csv"), out / "calibration.md", out / "parity.png"]
-    files[1].write_text(markdown(preds, corpus.unexpressed, title))
+    files[1].write_text(markdown(preds, corpus.unexpressed, title, moe_transfer=transfer))
     write_parity_png(preds, files[2])
     if written is not None:
         files.append(written)
     return CalibrationOutcome(corpus=corpus, predictions=tuple(preds), scores=tuple(scores(preds)), out_dir=out,
                               files=tuple(files), fit=result, data_file=written,
-                              stale_names=() if do_fit else UNKNOWN_NAMES)
+                              stale_names=() if do_fit else UNKNOWN_NAMES, moe_transfer=tuple(transfer))

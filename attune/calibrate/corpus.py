@@ -10,20 +10,22 @@ and named in ``assumptions``. The seed recipe's four observations are rows too (
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
 
 import attune
 from attune.calibrate.rows import MEMORY, THROUGHPUT, Corpus, CorpusError, CorpusRow, MemoryObservation
+from attune.calibrate.moe_rows import moe_settings, resolve_moe_model
 from attune.calibrate.seed import SEED_SERIES, seed_observations
 from attune.errors import AttuneError, UserInputError
 from attune.spec.engine import ENGINES, Engine, get_engine
 from attune.spec.hardware import GPUS, GiB, parse_cluster
 from attune.spec.layout import Layout, Workload
-from attune.spec.model import ModelSpec, from_geometry, load_model
+from attune.spec.model import ModelSpec, from_geometry
 from attune.spec.knobs import RECOMPUTE_MODULES
-from attune.spec.moe import MOE_FAMILIES
+from attune.spec.moe import ep_overlap_rules
 from attune.spec.rules import check
 
 CORPUS_FILES = ("dense.yaml", "moe.yaml", "memory.yaml")
@@ -223,6 +225,15 @@ def _layout(row: dict, model: ModelSpec, engine: Engine, assumptions: list[str],
             account = dict(pipeline_layout=text)
             assumptions.append(f"pipeline layout: not stated, {text} (the Megatron-Bridge DeepSeek-V3 recipes' uneven "
                                f"split) [assumed]")
+        elif stages > 2 and (model.num_layers - 1) % (stages - 2) == 0:
+            # one layer with the embedding, the loss alone on the last stage, the rest even: Megatron-Bridge v0.2.0
+            # DeepSeek-V3 on H100, PP 8 x VPP 4: "Et|(tt|)*30mL" (scripts/performance/configs/deepseek/
+            # deepseek_llm_pretrain.py), its MTP layer left out
+            k = (model.num_layers - 1) // (stages - 2)
+            text = f"Et*1|(t*{k}|)*{stages - 2}L"
+            account = dict(pipeline_layout=text)
+            assumptions.append(f"pipeline layout: not stated, {text} (the Megatron-Bridge DeepSeek-V3 H100 recipe's "
+                               f"split) [assumed]")
     try:
         layout = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vpp=int(vpp), sp=bool(sp), micro_batch_size=int(mbs), first=first, last=last,
                         distributed_optimizer=bool(dist), precision=precision, **stated, **account,
@@ -283,32 +294,37 @@ def _series(row: dict) -> str:
     return "-".join(str(row["id"]).split("-")[:3])
 
 
-# MoE corpus models attune bundles (issue 14): the corpus name -> the bundled model. Others (DeepSeek-V4, Nemotron 3:
-# Mamba hybrids; DeepSeek-V3 rows that train the MTP layer: all low precision) are listed as not modelled.
-MOE_MODELS = {"qwen3_235b_a22b": "Qwen3-235B-A22B", "qwen3_30b_a3b": "Qwen3-30B-A3B", "gpt oss 120b": "GPT-OSS-120B",
-              "deepseekv3 (w/o mtp)": "DeepSeek-V3", "kimi_k2": "Kimi-K2",
-              "moonlight 16b (1 dense + 26 mla+moe layers)": "Moonlight-16B-A3B"}
-
-
 def _moe_layout(row: dict, layout: Layout, model: ModelSpec, engine: Engine, wl: Workload,
-                assumptions: list[str]) -> Layout:
-    """The row's expert parallel sizes on top of its dense layout."""
+                assumptions: list[str], gpu_key: str = "") -> Layout:
+    """The row's expert parallel sizes and MoE settings (``attune.calibrate.moe_rows``: dispatcher, expert
+    all-to-all overlap, the recipe's recompute modules where the row states none) on top of its dense layout."""
     ep = int(row.get("ep") or 1)
     etp = row.get("etp")
     if etp is None:
         etp = 1
         assumptions.append("etp: not stated, 1 (the Megatron-Bridge Qwen3 MoE recipes' expert_tensor_parallel_size) [assumed]")
-    assumptions.append("MoE: alltoall dispatcher, grouped GEMM, permute fusion (Megatron-Bridge MoE performance "
-                       "recipes) [assumed]")
-    balanced = "force-balance" in str(row.get("notes") or "")  # what the row's source says it did
+    assumptions.append("MoE: grouped GEMM, permute fusion (Megatron-Bridge MoE performance recipes) [assumed]")
+    st, notes = moe_settings(row, model, gpu_key, engine.name)
+    assumptions.extend(notes)
+    extra: dict = {}
+    if st["recompute"] and row.get("recompute") is None and layout.recompute_granularity == "none":
+        extra = dict(recompute_granularity="selective", recompute_modules=tuple(st["recompute"]))
+        assumptions.append(f"recompute: not stated, modules {', '.join(st['recompute'])} (the release's recipe) [assumed]")
+    balanced = "force-balance" in str(row.get("notes") or "") and not st["capacity"]  # what the row's source says
+    extra.update({"moe_capacity_factor": st["capacity"]} if st["capacity"] else {})
+    extra.update({"mtp_layers": st["mtp"]} if st["mtp"] else {})
     if balanced:
         assumptions.append("MoE: tokens force-balanced over the experts (--moe-router-force-load-balancing; the source: "
                            "'we force-balance the token distribution among experts')")
     try:
-        lay = Layout(**{**layout.to_dict(), "ep": ep, "etp": int(etp), "moe_dispatcher": "alltoall",
-                        "moe_grouped_gemm": True, "moe_permute_fusion": True, "moe_force_balance": balanced})
+        lay = Layout(**{**layout.to_dict(), **extra, "ep": ep, "etp": int(etp), "moe_dispatcher": st["dispatcher"],
+                        "moe_grouped_gemm": True, "moe_permute_fusion": True, "moe_force_balance": balanced,
+                        "moe_ep_overlap": st["overlap"]})
     except UserInputError as e:
         raise _Unexpressed(f"layout: {e}") from None
+    if lay.moe_ep_overlap and ep_overlap_rules(lay):
+        lay = replace(lay, moe_ep_overlap=False)
+        assumptions.append(f"MoE: expert all-to-all overlap off ({ep_overlap_rules(replace(lay, moe_ep_overlap=True))[0]})")
     broken = check(lay, model, lay.world_size, wl, engine)
     if broken:
         raise _Unexpressed(f"layout rule: {broken[0]}")
@@ -332,24 +348,23 @@ def read_row(row: dict, file: str) -> CorpusRow:
         if row.get("low_precision") or (pc and pc not in ("bf16", "fp16")):
             raise _Unexpressed(f"not modelled: {pc or 'low precision'}")
         is_moe = bool(g.get("moe") or file == "moe.yaml" or g.get("experts") or (row.get("ep") or 1) > 1)
-        bundled = MOE_MODELS.get(str(g.get("name") or "").strip().lower()) if is_moe else None
+        bundled, how = resolve_moe_model(g) if is_moe else (None, "")  # by model.hf, then geometry: never the name
         if is_moe and bundled is None:
-            raise _Unexpressed(f"not modelled: MoE model {g.get('name')} (modelled MoE families: "
-                               f"{', '.join(MOE_FAMILIES)})")
+            raise _Unexpressed(how)
         if pc is None:
             raise _Unexpressed("missing field: precision_class")
         key = _gpu_key(str(row.get("gpu") or ""))
         engine = _engine(str(row.get("engine") or ""), assumptions, str(row.get("engine_version") or ""))
         seq = int(_need(row, "seq_len"))
-        model = load_model(bundled) if bundled else model_from_geometry(g, seq)
+        model = bundled or model_from_geometry(g, seq)
         if bundled:
-            assumptions.append(f"model: the bundled {bundled} (the row names the model only)")
+            assumptions.append(how)
         elif not g.get("vocab"):
             assumptions.append("vocab: not stated, 0 (the row's figures count the transformer layers only)")
         cluster = parse_cluster(f"{int(_need(row, 'num_gpus'))}x{key}")
         layout, wl = _layout(row, model, engine, assumptions, check_rules=not bundled)
         if bundled:
-            layout = _moe_layout(row, layout, model, engine, wl, assumptions)
+            layout = _moe_layout(row, layout, model, engine, wl, assumptions, key)
         tps = _throughput(row) if file != "memory.yaml" else None
         mem = _memory(row["memory"]) if row.get("memory") else None
     except _Unexpressed as e:

@@ -111,6 +111,13 @@ def is_moe_row(r: CorpusRow) -> bool:
     return r.model is not None and r.model.moe is not None
 
 
+def by_model(rows: Sequence[CorpusRow]) -> list[CorpusRow]:
+    """MoE rows regrouped by model for the MoE stage's weights (series ``MoE <model>``): each MoE model counts once,
+    however many releases repeat it (GPT-OSS-120B fills five of the corpus's series, DeepSeek-V3 and Qwen3-235B
+    share one), so the shared MoE coefficients are not one model's."""
+    return [dataclasses.replace(r, series=f"MoE {r.model.name}") for r in rows]
+
+
 def fit_params(corpus: Corpus, start: CoefficientSet | None = None, moe: bool = False) -> list[FitParam]:
     """The free values: fields with ``bounds``, per generation present in the corpus where ``per_generation``;
     the dense fields (``moe`` False) or the MoE kernels' fields (``moe`` True, generations of the MoE rows)."""
@@ -240,6 +247,8 @@ def fit(corpus: Corpus, start: CoefficientSet | None = None, params: Sequence[Fi
     params = list(params) if params is not None else fit_params(corpus, start, moe=moe)
     if not params:
         raise FitError("no coefficient declares bounds in its metadata: nothing to fit")
+    if moe:
+        rows = by_model(rows)
     w = _weights(rows)
     x0 = np.array([p.start for p in params])
     lo = np.array([p.lo for p in params])
@@ -295,12 +304,65 @@ def leave_one_series_out(corpus: Corpus, series: str, start: CoefficientSet | No
     return res, [predict_row(r, res.coefficients.for_row(r)) for r in held]
 
 
+# ---------------------------------------------------------------------- MoE: leave one model out (issue 21)
+def moe_models(corpus: Corpus) -> list[str]:
+    """Bundled MoE models with expressed throughput rows in the corpus, in first-seen order."""
+    return list(dict.fromkeys(r.model.name for r in corpus.expressed if is_moe_row(r) and r.has_throughput))
+
+
+def _moe_fields() -> dict[str, float]:
+    src = Coefficients()
+    return {f.name: getattr(src, f.name) for f in dataclasses.fields(Coefficients) if f.metadata.get("moe")}
+
+
+def reset_moe(cs: CoefficientSet) -> CoefficientSet:
+    """``cs`` with every MoE field back at its source value: the dense stage's result, where a MoE fit starts
+    (and what its prior pulls towards), whatever MoE values ``cs`` held."""
+    src = _moe_fields()
+    return CoefficientSet(shared=dataclasses.replace(cs.shared, **src),
+                          by_generation={g: dataclasses.replace(c, **src) for g, c in cs.by_generation.items()})
+
+
+def leave_one_model_out(corpus: Corpus, model: str, dense: CoefficientSet) -> tuple[FitResult, list[Prediction]]:
+    """The MoE stage fitted without ``model``'s rows (the dense coefficients ``dense`` held, as in ``fit_all``),
+    then ``model``'s throughput rows predicted with the result: how the MoE coefficients transfer to a model
+    they never saw."""
+    held = [r for r in corpus.expressed if is_moe_row(r) and r.model.name == model and r.has_throughput]
+    if not held:
+        raise FitError(f"MoE model '{model}' has no expressed throughput row in {corpus.directory}")
+    rest = Corpus(rows=tuple(r for r in corpus.rows if not (r.model is not None and r.model.name == model)),
+                  directory=corpus.directory)
+    res = fit(rest, reset_moe(dense), moe=True)
+    return res, [predict_row(r, res.coefficients.for_row(r)) for r in held]
+
+
+def moe_transfer_table(corpus: Corpus, fitted: CoefficientSet, dense: CoefficientSet | None = None) -> list[dict]:
+    """Per MoE model: rows, in-sample MAPE / bias (``fitted``: the full fit, or the shipped coefficients) and
+    leave-one-model-out MAPE / bias (the MoE stage refitted without the model on top of ``dense``, default
+    ``fitted``'s dense fields), fractions (0.05 = 5%). Empty when the corpus has fewer than two MoE models."""
+    dense = dense if dense is not None else fitted
+    if len(moe_models(corpus)) < 2:
+        return []
+    out = []
+    for name in moe_models(corpus):
+        rows = [r for r in corpus.expressed if is_moe_row(r) and r.model.name == name and r.has_throughput]
+        ins = [predict_row(r, fitted.for_row(r)) for r in rows]
+        _, lomo = leave_one_model_out(corpus, name, dense)
+        e_in = [p.error for p in ins if p.error is not None]
+        e_out = [p.error for p in lomo if p.error is not None]
+        mean = lambda v: sum(v) / len(v) if v else None  # noqa: E731
+        out.append({"model": name, "rows": len(rows), "in_sample_mape": mean([abs(e) for e in e_in]),
+                    "in_sample_bias": mean(e_in), "lomo_mape": mean([abs(e) for e in e_out]), "lomo_bias": mean(e_out)})
+    return out
+
+
 # ---------------------------------------------------------------------- the data file
 def _round(v: float) -> float:
     return float(f"{v:.5g}")
 
 
-def to_data(result: FitResult, corpus_dir: str, today: _dt.date | None = None) -> dict:
+def to_data(result: FitResult, corpus_dir: str, today: _dt.date | None = None,
+            moe_transfer: Sequence[dict] = ()) -> dict:
     """The coefficient data file's content: fitted values, what they were fitted to, residuals per series."""
     cs = result.coefficients
     shared_names = [p.name for p in result.params if p.generation is None]
@@ -328,6 +390,11 @@ def to_data(result: FitResult, corpus_dir: str, today: _dt.date | None = None) -
                                  "spearman": None if s.spearman is None else round(s.spearman, 3),
                                  "verdicts_right": f"{s.verdicts_right}/{s.verdicts}" if s.verdicts else None,
                                  "component_mape_pct": pct(s.component_mape)} for s in result.scores},
+        **({"moe_transfer": {t["model"]: {"rows": t["rows"], "in_sample_mape_pct": pct(t["in_sample_mape"]),
+                                          "in_sample_bias_pct": pct(t["in_sample_bias"]),
+                                          "leave_one_model_out_mape_pct": pct(t["lomo_mape"]),
+                                          "leave_one_model_out_bias_pct": pct(t["lomo_bias"])}
+                             for t in moe_transfer}} if moe_transfer else {}),
     }
 
 
@@ -335,8 +402,9 @@ HEADER = ("# The estimator's fitted coefficients (attune/estimator/coefficients.
           "# `per_generation`). Written by `attune calibrate --fit`; refit rather than edit by hand.\n")
 
 
-def write_data(result: FitResult, path: Path, corpus_dir: str) -> Path:
+def write_data(result: FitResult, path: Path, corpus_dir: str, moe_transfer: Sequence[dict] = ()) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(HEADER + yaml.safe_dump(to_data(result, corpus_dir), sort_keys=False, width=120))
+    path.write_text(HEADER + yaml.safe_dump(to_data(result, corpus_dir, moe_transfer=moe_transfer), sort_keys=False,
+                                            width=120))
     return path

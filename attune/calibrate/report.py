@@ -240,11 +240,28 @@ def _md_score(s: SeriesScore) -> str:
             f"{'yes' if s.varies_layout else 'no'} | {ver} | {pct(s.component_mape)} |")
 
 
-def markdown(preds: Sequence[Prediction], unexpressed: Sequence[CorpusRow], title: str = "Calibration") -> str:
+def transfer_markdown(table: Sequence[dict]) -> list[str]:
+    """The MoE transfer table (``attune.calibrate.fit.moe_transfer_table``) as markdown lines."""
+    if not table:
+        return []
+    pct = lambda v: "" if v is None else f"{100 * v:.1f}%"  # noqa: E731
+    lines = ["", "## MoE: in-sample and leave one model out", "",
+             "The MoE coefficients are shared by every MoE model. Leave one model out: the MoE stage refitted without "
+             "the model's rows (the dense coefficients held), then the model's rows predicted.", "",
+             "| model | throughput rows | in-sample MAPE | in-sample bias | left-out MAPE | left-out bias |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {t['model']} | {t['rows']} | {pct(t['in_sample_mape'])} | {pct(t['in_sample_bias'])} | "
+              f"{pct(t['lomo_mape'])} | {pct(t['lomo_bias'])} |" for t in table]
+    return lines
+
+
+def markdown(preds: Sequence[Prediction], unexpressed: Sequence[CorpusRow], title: str = "Calibration",
+             moe_transfer: Sequence[dict] = ()) -> str:
     lines = [f"# {title}", "", "## Per series", "",
              "| series | rows | throughput rows | MAPE | bias | Spearman | varies layout | verdicts right | component MAPE |",
              "|---|---|---|---|---|---|---|---|---|"]
     lines += [_md_score(s) for s in scores(preds)]
+    lines += transfer_markdown(moe_transfer)
     lines += ["", "## Rows", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(v.replace("|", "/") for v in row.values()) + " |" for row in table_rows(preds)]
     if unexpressed:

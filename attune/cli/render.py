@@ -174,6 +174,10 @@ def calibration_lines(outcome) -> list[str]:
         ver = f"{s.verdicts_right}/{s.verdicts}" if s.verdicts else "-"
         lines.append(f"{s.series:{w}s}  {s.rows:4d}  {pct(s.mape):6s}  {pct(s.bias):6s}  {rho:8s}  "
                      f"{'varied' if s.varies_layout else 'same':7s}  {ver:8s}  {pct(s.component_mape)}")
+    if outcome.moe_transfer:
+        lines.append("MoE models (shared MoE coefficients): in-sample MAPE / bias, left out of the MoE fit MAPE / bias")
+        lines += [f"  {t['model']:24s} {t['rows']:3d} rows  {pct(t['in_sample_mape'])} {pct(t['in_sample_bias'])}   "
+                  f"left out {pct(t['lomo_mape'])} {pct(t['lomo_bias'])}" for t in outcome.moe_transfer]
     if outcome.fit is not None:
         f = outcome.fit
         lines.append(f"refit: cost {f.start_cost:.4g} -> {f.cost:.4g} in {f.evaluations} evaluations ({f.message})")

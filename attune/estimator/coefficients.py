@@ -138,9 +138,17 @@ class Coefficients:
         "loops over the local experts with a kernel launch and a Python step each, slower than one grouped GEMM "
         "[prior: 0.6 / 0.85 of the earlier priors; no corpus row runs without grouped GEMM, so it is not fitted]")
     moe_alltoall_efficiency: float = _c(
-        0.6, "fraction of the link's collective bandwidth", "dispatch/combine all-to-all with uneven splits to many "
-        "peers reaches less than the ring collectives' bus bandwidth (nccl-tests alltoall_perf) [prior, fitted]",
-        bounds=(0.2, 1.0), moe=True)
+        0.6, "fraction of the link's collective bandwidth", "NCCL's dispatch/combine all-to-all (alltoall and allgather "
+        "dispatchers) over NVLink: grouped p2p sends with uneven splits to many peers reach less than the ring "
+        "collectives' bus bandwidth (nccl-tests alltoall_perf) [prior, fitted]. Lower bound 0.5: MB-sized messages "
+        "per peer; below it the fit used it to absorb GPT-OSS-120B's own slowness (the only alltoall model of the bf16 "
+        "corpus: 0.27) and priced the a2a-heavy Qwen3-30B-A3B at EP 8 ~30% slower [range, issue 21]",
+        bounds=(0.5, 1.0), moe=True)
+    moe_flex_efficiency: float = _c(
+        0.9, "fraction of the NVLink / NIC line rate", "the flex dispatcher's DeepEP / HybridEP kernels: DeepEP's normal "
+        "kernels reach 153-158 GB/s of H800's ~160 GB/s NVLink inside a node and 43-58 GB/s (logical) of a CX7 "
+        "400 Gb/s NIC's ~50 GB/s across nodes at EP 16-64 (deepseek-ai/DeepEP docs/legacy.md, 'Normal kernels "
+        "with NVLink and RDMA forwarding'; the V2 README: 90 GB/s logical RDMA at EP 8x2) [source value, not fitted]")
     moe_permutation_passes: float = _c(
         4.0, "HBM passes over the routed tokens' hidden states (unfused; fused: half)", "permute and unpermute each "
         "read and write every routed token (moe/moe_utils.py permute / unpermute); the fused kernels "

@@ -41,6 +41,25 @@ ROUTER_BYTES = {"fp32": FP32, "fp64": 8, None: BF16}
 
 INT32 = 4  # bytes of one permutation-map entry (row_id_map, int32: moe/moe_utils.py permute)
 
+ALLTOALL_SORT_PASSES = 4
+"""HBM passes over the routed tokens' hidden states the alltoall dispatcher adds with more than one local expert:
+``sort_chunks_by_idxs`` after the dispatch all-to-all (by local expert) and again before the combine (back by
+source rank), each reading and writing every row (Megatron-LM 1dcf0daf moe/token_dispatcher.py lines 734-740 and
+769-774); the flex dispatcher's DeepEP / HybridEP kernels permute once, in its permute step."""
+
+EP_OVERLAP_SM_SHARE = 20 / 132
+"""Fraction of the GPU's SMs the dispatch / combine kernels hold while they run under compute
+(--overlap-moe-expert-parallel-comm): DeepEP's normal kernels take ``moe_deepep_num_sms`` = 20 by default
+(Megatron-LM 1dcf0daf transformer_config.py line 734) of an H100's 132; the overlapped compute runs that much
+slower. NCCL's all-to-all channels and HybridEP (16 SMs by default, line 737) hold a similar share."""
+
+EXPERT_BIAS_BYTES = 2 + 4 + 4 + 4 + 4 + 4 + 4 + 2
+"""HBM bytes per element of the experts' fc2 output that megatron-core's bias path moves in forward, experts with
+biases only (GPT-OSS): ``TEGroupedMLP._apply_bias`` (Megatron-LM 1dcf0daf megatron/core/transformer/moe/experts.py
+lines 626-643) splits the output by expert and adds bias x probability in a Python loop: read the bf16 output (2),
+write and read the fp32 bias x prob product (4 + 4), write the fp32 sum (4), torch.cat reads and writes it (4 + 4),
+the cast to bf16 reads fp32 and writes bf16 (4 + 2). Backward moves ``backward_memory_ratio`` times that."""
+
 
 # The MoE kernels' coefficients (grouped GEMM, all-to-all, permutation) are ``Coefficients`` fields marked
 # ``moe`` (attune.estimator.coefficients): one set shared with dense models, fitted to the MoE corpus rows.
@@ -135,6 +154,76 @@ def _link_gbps(span: int, cluster: Cluster, coef) -> float:
     return cluster.gpu.internode_gbps / cluster.gpus_per_node * coef.network_efficiency
 
 
+def hit_fraction(experts: int, top_k: int, held: float) -> float:
+    """Probability that a token's top-k (distinct) experts include at least one of ``held`` given experts,
+    routing uniform over the experts (force-balanced, or balanced on average): 1 - C(E - held, k) / C(E, k)."""
+    if held >= experts:
+        return 1.0
+    miss = 1.0
+    for i in range(top_k):
+        miss *= max(0.0, (experts - held - i) / (experts - i))
+    return 1.0 - miss
+
+
+def ep_domain_ranks(layout: Layout, cluster: Cluster) -> int:
+    """EP ranks of one expert group inside one NVLink domain (the node, or the NVL rack): Megatron's expert rank
+    order is tp-ep-dp-pp with tp = ETP, so an EP group is EP ranks ETP apart."""
+    span = max(cluster.gpus_per_node, cluster.gpu.nvlink_domain)
+    return max(1, min(layout.ep, span // layout.etp))
+
+
+def dispatch_bytes(model: ModelSpec, layout: Layout, cluster: Cluster, shape: Shape) -> tuple[float, float]:
+    """(NVLink bytes, network bytes) one GPU sends in one dispatch (the combine sends the same back), per
+    microbatch and MoE layer.
+
+    * alltoall / allgather-free dispatchers send one row per routed token copy (token x top-k; megatron-core
+      ``MoEAlltoAllTokenDispatcher`` permutes by expert, moe/token_dispatcher.py): a fraction (EP - 1) / EP leaves
+      the GPU, the part to ranks outside the NVLink domain over the node's NICs.
+    * flex (DeepEP / HybridEP, moe/fused_a2a.py): one row per token and destination rank holding any of its experts
+      (``is_token_in_rank``), and across nodes one row per destination node over RDMA, forwarded inside the node
+      over NVLink (DeepEP docs/legacy.md "Normal kernels with NVLink and RDMA forwarding").
+    * allgather: every rank gathers the tokens of the EP x ETP group and reduce-scatters the outputs.
+    """
+    moe, h = model.moe, model.hidden
+    t = local_tokens(layout, shape)
+    row = BF16 * h
+    ep, local = layout.ep, ep_domain_ranks(layout, cluster)
+    group = layout.ep * layout.etp
+    if layout.moe_dispatcher in (None, "allgather"):
+        vol = (group - 1) * t * row
+        off = (group - max(1, min(group, max(cluster.gpus_per_node, cluster.gpu.nvlink_domain)))) / max(1, group - 1)
+        return vol * (1 - off), vol * off
+    imb = imbalance(layout)
+    if layout.moe_dispatcher == "flex":
+        p_rank = hit_fraction(moe.experts, moe.top_k, moe.experts / ep)
+        nodes = ep // local
+        p_node = hit_fraction(moe.experts, moe.top_k, moe.experts * local / ep)
+        # every delivery to another rank crosses NVLink once (directly, or forwarded on the destination node)
+        nvl = (ep - 1) * p_rank * t * row * imb
+        net = (nodes - 1) * p_node * t * row * imb
+        return nvl, net
+    copies = t * moe.top_k * imb
+    return copies * (local - 1) / ep * row, copies * (ep - local) / ep * row
+
+
+def dispatch_seconds(model: ModelSpec, cluster: Cluster, layout: Layout, shape: Shape, coef) -> float:
+    """One dispatch (or combine) of one microbatch and MoE layer, seconds: NVLink and NIC traffic run at once,
+    the slower sets the time. NCCL's all-to-all (alltoall, allgather): over NVLink at the collectives' link efficiency
+    times ``moe_alltoall_efficiency`` (fitted: p2p sends to many peers), over the NICs at the collectives' network
+    efficiency; DeepEP / HybridEP kernels at ``moe_flex_efficiency`` of the line rates
+    (their README figures). A node's NICs are shared by its GPUs."""
+    gpu = cluster.gpu
+    nvl_b, net_b = dispatch_bytes(model, layout, cluster, shape)
+    net_line = gpu.internode_gbps / cluster.gpus_per_node * 1e9
+    if layout.moe_dispatcher == "flex":
+        nvl_bw = gpu.nvlink_gbps * 1e9 * coef.moe_flex_efficiency
+        net_bw = net_line * coef.moe_flex_efficiency
+    else:
+        nvl_bw = gpu.nvlink_gbps * 1e9 * coef.nvlink_efficiency * coef.moe_alltoall_efficiency
+        net_bw = net_line * coef.network_efficiency  # the NICs bind: NCCL's p2p all-to-all saturates them
+    return max(nvl_b / nvl_bw, net_b / net_bw if net_b else 0.0) + coef.collective_latency_s
+
+
 def moe_layer_times(model: ModelSpec, cluster: Cluster, layout: Layout, shape: Shape, coef,
                     ) -> dict[str, float]:
     """One MoE layer's routed part, one microbatch, seconds: fwd_/bwd_ gemm and memory, the exposed
@@ -154,24 +243,25 @@ def moe_layer_times(model: ModelSpec, cluster: Cluster, layout: Layout, shape: S
     gemm = flops / (peak * _gemm_eff(min(per_expert, h, f), coef) * kind)
     router = 2 * t * h * moe.experts / (peak * _gemm_eff(min(t, h, moe.experts), coef))
     passes = coef.moe_permutation_passes / (2 if layout.moe_permute_fusion else 1)
-    mem = (passes * R * BF16 * h + 3 * t * moe.experts * FP32 + 3 * R * BF16 * f) / hbm
-    # dispatch + combine: each sends its routed tokens' hidden states to the experts' ranks; the fraction
-    # (EP - 1) / EP leaves the GPU. allgather dispatcher: every rank gathers all tokens of the EP x ETP group.
+    if layout.moe_dispatcher == "alltoall" and local_experts > 1:
+        passes += ALLTOALL_SORT_PASSES
+    mem = (passes * R * BF16 * h + 3 * t * moe.experts * FP32 + 3 * R * BF16 * f
+           + (EXPERT_BIAS_BYTES * R * h if moe.expert_bias else 0.0)) / hbm
     ep_fwd = ep_bwd = 0.0
-    group = layout.ep * layout.etp
-    if group > 1:
-        # Megatron's expert rank order is tp-ep-dp-pp with tp = ETP: the EP x ETP group is adjacent ranks
-        bw = _link_gbps(group, cluster, coef) * 1e9 * coef.moe_alltoall_efficiency
-        if layout.moe_dispatcher in (None, "allgather"):
-            vol = 2 * (group - 1) * t * BF16 * h  # gather tokens, reduce-scatter outputs
-        else:
-            vol = 2 * (layout.ep - 1) / layout.ep * R * BF16 * h / layout.etp
-        ep_fwd = vol / bw + 2 * coef.collective_latency_s
-        ep_bwd = ep_fwd
+    if layout.ep * layout.etp > 1:
+        ep_fwd = ep_bwd = 2 * dispatch_seconds(model, cluster, layout, shape, coef)  # dispatch + combine
         if layout.moe_shared_expert_overlap and moe.shared_ffn:
             shared = 2 * t * h * 3 * moe.shared_ffn / max(1, layout.tp if not shape.sp else 1) / (peak * coef.gemm_efficiency)
             ep_fwd = max(0.0, ep_fwd - shared)
             ep_bwd = max(0.0, ep_bwd - 2 * shared)
+        if layout.moe_ep_overlap:
+            # --overlap-moe-expert-parallel-comm (megatron-core combined 1F1B: one microbatch's dispatch / combine
+            # under another's forward / backward compute of the same layer): what the routed experts' compute
+            # cannot cover stays exposed, and the overlapped part slows that compute by the SMs the communication
+            # kernels hold (EP_OVERLAP_SM_SHARE)
+            cover = 3 * (gemm + router) + (1 + coef.backward_memory_ratio) * mem
+            ep_fwd, ep_bwd = (max(0.0, e - c) + EP_OVERLAP_SM_SHARE * min(e, c)
+                              for e, c in ((e, cover * e / (ep_fwd + ep_bwd)) for e in (ep_fwd, ep_bwd)))
     # the experts' activation alone (read fc1 output 2f wide, write f): what ``moe_act`` recompute runs again
     act = 3 * R * BF16 * f / hbm
     return {"fwd_gemm": gemm + router, "bwd_gemm": 2 * (gemm + router), "fwd_memory": mem,

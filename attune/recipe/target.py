@@ -202,6 +202,7 @@ def recipe_target(recipe: dict | Recipe, *, engine: str | Engine | None = None, 
             layout = replace(layout, moe_grouped_gemm="--moe-grouped-gemm" in flags,
                              moe_permute_fusion="--moe-permute-fusion" in flags,
                              moe_shared_expert_overlap="--moe-shared-expert-overlap" in flags,
+                             moe_ep_overlap="--overlap-moe-expert-parallel-comm" in flags,
                              **_numerics_fields(flags, source))
     except UserInputError as e:
         raise RecipeError(f"{source} layout: {_one_line(e)}") from None

@@ -119,6 +119,9 @@ class Layout:
     """Routing replaced by an even spread of tokens over the experts (``--moe-router-force-load-balancing``,
     megatron-core: for benchmarking only; Megatron-Bridge's published MoE runs "force-balance the token
     distribution among experts"): no load imbalance, and not the model's own routing."""
+    moe_ep_overlap: bool = False
+    """The dispatch / combine all-to-all of one microbatch runs under another's compute
+    (``--overlap-moe-expert-parallel-comm``: megatron-core's combined 1F1B schedule; constraints in rules.py)."""
     sp: bool = False
     """Sequence parallelism (``--sequence-parallel``); needs TP > 1."""
     first: int | None = None
@@ -234,7 +237,8 @@ class Layout:
         parts.append(f"DP{self.dp}")
         if self.ep > 1 or self.etp > 1:
             parts.append(f"EP{self.ep}" + (f" ETP{self.etp}" if self.etp > 1 else "")
-                         + {"alltoall": " a2a", "allgather": " ag", "flex": " flex"}.get(self.moe_dispatcher or "", ""))
+                         + {"alltoall": " a2a", "allgather": " ag", "flex": " flex"}.get(self.moe_dispatcher or "", "")
+                         + (" overlap" if self.moe_ep_overlap else ""))
         if self.recompute_granularity == "full":
             parts.append(f"R{(self.recompute_method or '?')[0]}{self.recompute_num_layers}")
         elif self.recompute_granularity == "selective":

@@ -238,6 +238,27 @@ def moe_rules(layout, model) -> list[str]:
                  f"expert group into each pipeline stage's dense group)")
     if L.ep > 1 and L.tp > 1 and not L.sp:
         e.append("EP > 1 with TP > 1 needs sequence parallelism (Megatron validate_args)")
+    if getattr(L, "moe_ep_overlap", False):
+        e += ep_overlap_rules(L)
+    return e
+
+
+def ep_overlap_rules(L) -> list[str]:
+    """--overlap-moe-expert-parallel-comm's constraints (megatron-core 1dcf0daf transformer_config.py lines
+    1878-1931, ``TransformerConfig.__post_init__``), one message each."""
+    e, flag = [], "--overlap-moe-expert-parallel-comm"
+    if L.ep <= 1:
+        e.append(f"{flag} needs EP > 1")
+    if L.moe_dispatcher not in ("alltoall", "flex"):
+        e.append(f"{flag} needs the alltoall or flex dispatcher (got {L.moe_dispatcher or 'allgather'})")
+    if L.pp > 1 and L.vpp <= 1:
+        e.append(f"{flag} with PP {L.pp} needs virtual pipeline stages (VPP > 1)")
+    if L.recompute_granularity == "full":
+        e.append(f"{flag} cannot work with full recompute")
+    if L.moe_shared_expert_overlap:
+        e.append(f"{flag} cannot work with --moe-shared-expert-overlap")
+    if L.mtp_layers > 1 or (L.mtp_layers == 1 and L.pp <= 1):
+        e.append(f"{flag} allows at most one MTP layer, and with one PP > 1")
     return e
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import attune
 from attune.calibrate.corpus import load_corpus
-from attune.calibrate.fit import FitResult, fit_all, write_data
+from attune.calibrate.fit import FitResult, write_data
+from attune.calibrate.precision_fit import fit_all_stages
 from attune.calibrate.report import (Prediction, SeriesScore, default_coefficients, markdown, predict, scores,
                                      write_csv, write_parity_png)
 from attune.calibrate.rows import Corpus, CorpusRow
@@ -74,7 +75,7 @@ def calibrate(corpus_dir: str | Path | None = None, do_fit: bool = False, out_di
     out.mkdir(parents=True, exist_ok=True)
     result, written, coef_for = None, None, default_coefficients
     if do_fit:
-        result = fit_all(corpus)
+        result = fit_all_stages(corpus)  # dense, MoE, then low precision (issue 22)
         target = Path(data_file) if data_file is not None else (
             package_data_file() if running_from_checkout() else out / DATA_FILE)
         written = write_data(result, target, corpus.directory)

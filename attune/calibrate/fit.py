@@ -115,12 +115,13 @@ def fit_params(corpus: Corpus, start: CoefficientSet | None = None, moe: bool = 
     """The free values: fields with ``bounds``, per generation present in the corpus where ``per_generation``;
     the dense fields (``moe`` False) or the MoE kernels' fields (``moe`` True, generations of the MoE rows)."""
     start = start or source_values()
-    gens = [g for g in GENERATIONS if any(r.generation == g and is_moe_row(r) == moe for r in corpus.expressed)]
+    gens = [g for g in GENERATIONS if any(r.generation == g and is_moe_row(r) == moe and not r.low_precision
+                                          for r in corpus.expressed)]
     out = []
     for f in dataclasses.fields(Coefficients):
         b = f.metadata.get("bounds")
-        if not b or bool(f.metadata.get("moe")) != moe:
-            continue
+        if not b or bool(f.metadata.get("moe")) != moe or f.metadata.get("precision"):
+            continue  # (the low-precision fields: attune.calibrate.precision_fit's stage)
         lo, hi = float(b[0]), float(b[1])
         unit = str(f.metadata.get("unit", ""))
         if f.metadata.get("per_generation"):
@@ -233,7 +234,8 @@ def fit(corpus: Corpus, start: CoefficientSet | None = None, params: Sequence[Fi
     ``moe`` the MoE kernels' fields to the MoE rows (the dense fields held at ``start``), so a MoE row's error
     never pulls the shared dense coefficients of its GPU generation."""
     start = start or source_values()
-    rows = [r for r in corpus.expressed if (r.has_throughput or (r.memory is not None)) and is_moe_row(r) == moe]
+    rows = [r for r in corpus.expressed if (r.has_throughput or (r.memory is not None)) and is_moe_row(r) == moe
+            and not r.low_precision]
     if not rows:
         raise FitError(f"corpus {corpus.directory}: no expressed {'MoE' if moe else 'dense'} row with a throughput "
                        f"or a memory observation")
@@ -273,7 +275,7 @@ def fit_all(corpus: Corpus, start: CoefficientSet | None = None) -> FitResult:
     """The dense fit, then (when the corpus has expressed MoE rows) the MoE kernels' fit on top of it: one
     result holding both (params, values, rows and scores of the two, costs summed)."""
     dense = fit(corpus, start)
-    if not any(is_moe_row(r) and r.has_throughput for r in corpus.expressed):
+    if not any(is_moe_row(r) and r.has_throughput and not r.low_precision for r in corpus.expressed):
         return dense
     m = fit(corpus, dense.coefficients, moe=True)
     cs = m.coefficients

@@ -189,3 +189,31 @@ def test_bf16_vs_fp8_pairs_of_the_same_layout():
         measured = f8.tokens_per_s_per_gpu / bf.tokens_per_s_per_gpu
         predicted = predict_row(f8).tokens_per_s_per_gpu / predict_row(bf).tokens_per_s_per_gpu
         assert predicted == pytest.approx(measured, rel=0.08)
+
+
+# ---------------------------------------------------------------------- search
+def test_allow_numerics_values():
+    from attune.errors import UserInputError
+    from attune.search.precision_search import allowed_recipes
+    assert allowed_recipes(["fp8"]) == ("fp8-delayed", "fp8-tensorwise", "fp8-blockwise", "mxfp8")
+    assert allowed_recipes(["mxfp8,fp8-blockwise"]) == ("fp8-blockwise", "mxfp8")
+    assert allowed_recipes([]) == ()
+    with pytest.raises(UserInputError, match="--allow-numerics 'fp9': allowed fp8"):
+        allowed_recipes(["fp9"])
+
+
+def test_tune_reports_best_bf16_and_best_low_precision(tmp_path):
+    from attune.api.tune import tune
+    res = tune(model="tiny-llama", gpus="8xH100", search_space="small", out=tmp_path, allow_numerics=["fp8"])
+    low = res.low_precision
+    assert low is not None and low.low is not None and "mxfp8" not in low.recipes  # Hopper: no MXFP8
+    assert any("mxfp8" in r for r in low.refused)
+    assert recipe_of(low.low.layout) != "bf16" and recipe_of(low.bf16.layout) == "bf16"
+    assert low.low.memory.fits and low.low.perf.tokens_per_s_per_gpu >= low.same_layout_bf16.perf.tokens_per_s_per_gpu
+    text = res.report_path.read_text()
+    assert "## Low precision" in text and "best low precision" in text and "--fp8-format e4m3" in text
+    assert any(line.startswith("best low precision:") for line in res.summary_lines())
+    # without the option the study is bf16 only and the report has no such section
+    plain = tune(model="tiny-llama", gpus="8xH100", search_space="small", out=tmp_path / "plain")
+    assert plain.low_precision is None and "## Low precision" not in plain.report_path.read_text()
+    assert recipe_of(plain.outcome.best.to_layout()) == "bf16"

@@ -217,3 +217,26 @@ def test_tune_reports_best_bf16_and_best_low_precision(tmp_path):
     plain = tune(model="tiny-llama", gpus="8xH100", search_space="small", out=tmp_path / "plain")
     assert plain.low_precision is None and "## Low precision" not in plain.report_path.read_text()
     assert recipe_of(plain.outcome.best.to_layout()) == "bf16"
+
+
+# ---------------------------------------------------------------------- slime launch
+def test_slime_launch_writes_the_low_precision_flags_and_environment():
+    from attune.runners.slime.launch import LaunchError, slime_command
+    m, c = load_model("Qwen3.6-27B"), parse_cluster("8xH200")
+    lay = Layout(pp=4, dp=2, first=16, last=14, recompute_granularity="full", recompute_method="block",
+                 recompute_num_layers=12, max_tokens_per_gpu=8192, **fields_for("fp8-blockwise", param_gather=True))
+    cmd = slime_command(m, c, lay, Workload())
+    argv = [str(a) for a in cmd.argv]
+    # slime docs/en/advanced/low-precision.md:65-70: --fp8-format e4m3 --fp8-recipe blockwise, fp32 block scales
+    assert argv[argv.index("--fp8-format") + 1] == "e4m3" and argv[argv.index("--fp8-recipe") + 1] == "blockwise"
+    assert "--fp8-param-gather" in argv and cmd.env["NVTE_FP8_BLOCK_SCALING_FP32_SCALES"] == "1"
+    # the flags read back to the same layout through the one flag codec
+    back = from_flags(argv[2:], m, 8).layout
+    assert recipe_of(back) == "fp8-blockwise" and back.fp8_param_gather
+    ts = slime_command(m, c, replace(lay, **fields_for("fp8-tensorwise")), Workload())
+    assert "NVTE_FP8_BLOCK_SCALING_FP32_SCALES" not in ts.env and "--fp8-param-gather" not in ts.argv
+    with pytest.raises(LaunchError, match="needs a Blackwell GPU"):
+        slime_command(m, c, replace(lay, **fields_for("mxfp8")), Workload())
+    cpu_adam = replace(lay, precision_aware_optimizer=True, optimizer_cpu_offload=True)
+    with pytest.raises(LaunchError, match="not compatible with CPU Adam"):
+        slime_command(m, c, cpu_adam, Workload())

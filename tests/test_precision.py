@@ -240,3 +240,17 @@ def test_slime_launch_writes_the_low_precision_flags_and_environment():
     cpu_adam = replace(lay, precision_aware_optimizer=True, optimizer_cpu_offload=True)
     with pytest.raises(LaunchError, match="not compatible with CPU Adam"):
         slime_command(m, c, cpu_adam, Workload())
+
+
+@needs_corpus
+def test_pairs_of_the_same_release_and_layout_in_the_report():
+    from attune.calibrate.precision_fit import pairs, pairs_markdown
+    from attune.calibrate.report import predict
+    corpus = load_corpus(CORPUS, include_seed=False)
+    preds = predict(corpus)
+    ps = pairs(preds)
+    dense = [q for q in ps if q.low.row.model.moe is None]
+    assert len(dense) >= 40 and all(q.low.row.cluster.spec == q.bf16.row.cluster.spec for q in ps)
+    err = sum(abs(q.predicted / q.measured - 1) for q in dense) / len(dense)
+    assert err < 0.06  # the precision model alone: everything else cancels within a pair
+    assert "## bf16 vs low precision" in pairs_markdown(preds)

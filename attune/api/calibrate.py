@@ -10,7 +10,7 @@ from pathlib import Path
 import attune
 from attune.calibrate.corpus import load_corpus
 from attune.calibrate.fit import FitResult, write_data
-from attune.calibrate.precision_fit import fit_all_stages
+from attune.calibrate.precision_fit import fit_all_stages, pairs_markdown
 from attune.calibrate.report import (Prediction, SeriesScore, default_coefficients, markdown, predict, scores,
                                      write_csv, write_parity_png)
 from attune.calibrate.rows import Corpus, CorpusRow
@@ -83,7 +83,7 @@ def calibrate(corpus_dir: str | Path | None = None, do_fit: bool = False, out_di
     preds = predict(corpus, coef_for)
     title = "Calibration against the public corpus" + (" (refit)" if do_fit else "")
     files = [write_csv(preds, out / "calibration.csv"), out / "calibration.md", out / "parity.png"]
-    files[1].write_text(markdown(preds, corpus.unexpressed, title))
+    files[1].write_text(markdown(preds, corpus.unexpressed, title) + pairs_markdown(preds))  # + issue 22's pairs
     write_parity_png(preds, files[2])
     if written is not None:
         files.append(written)

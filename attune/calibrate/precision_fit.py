@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -25,6 +26,7 @@ from attune.calibrate.fit import (GENERATIONS, PRIOR_WEIGHT, CoefficientSet, Fit
 from attune.calibrate.report import Prediction, predict_row, scores
 from attune.calibrate.rows import Corpus, CorpusRow
 from attune.estimator.coefficients import Coefficients
+from attune.spec.precision import fields_for, recipe_of
 
 CORPUS_CLASSES = ("fp8", "mxfp8")
 """Precision classes of the corpus the estimator expresses (nvfp4 rows: Nemotron 3 hybrids only, not modelled)."""
@@ -130,5 +132,62 @@ def leave_one_series_out(corpus: Corpus, start: CoefficientSet) -> list[Predicti
     return out
 
 
+
+
+# ---------------------------------------------------------------------- bf16 vs low-precision pairs
+@dataclass(frozen=True)
+class Pair:
+    """A low-precision row and a bf16 row of the same release, model, GPUs, layout and workload."""
+
+    low: Prediction
+    bf16: Prediction
+
+    @property
+    def measured(self) -> float:
+        """Measured speed-up, low precision over bf16."""
+        return self.low.row.tokens_per_s_per_gpu / self.bf16.row.tokens_per_s_per_gpu
+
+    @property
+    def predicted(self) -> float | None:
+        if self.low.tokens_per_s_per_gpu is None or self.bf16.tokens_per_s_per_gpu is None:
+            return None
+        return self.low.tokens_per_s_per_gpu / self.bf16.tokens_per_s_per_gpu
+
+
+def _release(series: str) -> str:
+    """A series with its precision token removed (the DGX-Cloud tables name bf16 and fp8 series apart)."""
+    for tok in ("-fp8-", "-bf16-", "-mxfp8-"):
+        series = series.replace(tok, "-")
+    return series
+
+
+def pairs(preds: Sequence[Prediction]) -> list[Pair]:
+    """Every low-precision prediction with its bf16 twin of the same release (everything but the precision the
+    same): the predicted speed-up is the precision model alone."""
+    key = lambda p: (_release(p.row.series), p.row.model.name, p.row.cluster.spec,  # noqa: E731
+                     dataclasses.replace(p.row.layout, **fields_for("bf16")), p.row.workload)
+    bf = {}
+    for p in preds:
+        if not p.row.low_precision and p.row.has_throughput and p.row.model is not None:
+            bf.setdefault(key(p), p)
+    return [Pair(p, bf[key(p)]) for p in preds
+            if p.row.low_precision and p.row.has_throughput and key(p) in bf]
+
+
+def pairs_markdown(preds: Sequence[Prediction]) -> str:
+    """The report's section on the pairs (empty without any)."""
+    ps = [q for q in pairs(preds) if q.predicted is not None]
+    if not ps:
+        return ""
+    errs = [q.predicted / q.measured - 1 for q in ps]
+    L = ["", "## bf16 vs low precision, same release and layout", "",
+         f"{len(ps)} pairs; predicted speed-up vs measured: mean absolute error "
+         f"{100 * sum(abs(e) for e in errs) / len(errs):.1f}%, bias {100 * sum(errs) / len(errs):+.1f}%.", "",
+         "| low-precision row | precision | measured speed-up | predicted | error |", "|---|---|---|---|---|"]
+    L += [f"| {q.low.row.id} | {recipe_of(q.low.row.layout)} | {q.measured:.3f} | {q.predicted:.3f} | "
+          f"{100 * (q.predicted / q.measured - 1):+.1f}% |" for q in ps]
+    return "\n".join(L) + "\n"
+
+
 __all__ = ["is_low_precision_row", "precision_params", "fit_precision", "merge",
-           "leave_one_series_out", "fit_all_stages", "CORPUS_CLASSES"]
+           "leave_one_series_out", "fit_all_stages", "CORPUS_CLASSES", "Pair", "pairs", "pairs_markdown"]

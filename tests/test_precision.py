@@ -148,6 +148,10 @@ def test_corpus_recipe_per_source():
     assert r.layout.fp8_format == "hybrid" and any("bf16_with_fp8_mixed" in a for a in r.assumptions)
     mb = read_row({**row, "engine": "Megatron-Bridge (NeMo, Megatron-Core)", "precision": "fp8-cs"}, "dense.yaml")
     assert recipe_of(mb.layout) == "fp8-tensorwise"
+    sc = read_row({**row, "engine": "Megatron-Bridge (NeMo, Megatron-Core)", "precision": "FP8-SC"}, "dense.yaml")
+    assert recipe_of(sc.layout) == "fp8-blockwise"
+    mlm = read_row({**row, "engine": "Megatron-LM (Megatron-Core)"}, "dense.yaml")
+    assert recipe_of(mlm.layout) == "fp8-delayed" and not mlm.layout.fp8_param_gather  # Megatron's default recipe
     mx = read_row({**row, "precision_class": "mxfp8", "gpu": "B200 (DGX-B200)", "num_gpus": 16}, "dense.yaml")
     assert recipe_of(mx.layout) == "mxfp8"
     on_hopper = read_row({**row, "precision_class": "mxfp8"}, "dense.yaml")

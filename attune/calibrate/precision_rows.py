@@ -35,22 +35,42 @@ def row_precision(row: dict, generation: str, engine_name: str, assumptions: lis
     if pc != "fp8":
         raise NotModelled(f"not modelled: precision class {pc}")
     low = engine_name.lower()
-    if "bridge" not in low and "nemo" in low:
-        recipe, pg, fmt = NEMO_FP8
-        assumptions.append("precision: fp8 hybrid, delayed scaling, --fp8-param-gather (NeMo 2.0 bf16_with_fp8_mixed, "
-                           "the DGX-Cloud recipes' default) [assumed]")
-        return fields_for(recipe, param_gather=pg, fp8_format=fmt)
     if "alternate granularity" in text:
         recipe = "mxfp8" if generation == "blackwell" else "fp8-blockwise"
         assumptions.append(f"precision: {recipe} (the source's alternate granularity: Blackwell MXFP8 32x32, H100 "
                            "128x128 blockwise)")
         return fields_for(recipe)
-    if "-mx" in text:
-        assumptions.append("precision: FP8-MX = MXFP8")
-        return fields_for("mxfp8")
-    assumptions.append("precision: fp8 current (tensor-wise) scaling (Megatron-Bridge FP8-CS" +
-                       ("" if "-cs" in text else "; the row says FP8 only [assumed]") + ")")
+    named = _named_recipe(text)
+    if named is not None:  # the row names its recipe (FP8-CS, FP8-MX, FP8-SC / blockwise, delayed, ...)
+        if named == "mxfp8" and generation != "blackwell":
+            raise NotModelled(f"not modelled: precision '{text}' (MXFP8) on a {generation or 'non-Blackwell'} GPU")
+        assumptions.append(f"precision: {named} (the row's '{text}')")
+        return fields_for(named)
+    if "bridge" not in low and "nemo" in low:
+        recipe, pg, fmt = NEMO_FP8
+        assumptions.append("precision: fp8 hybrid, delayed scaling, --fp8-param-gather (NeMo 2.0 bf16_with_fp8_mixed, "
+                           "the DGX-Cloud recipes' default) [assumed]")
+        return fields_for(recipe, param_gather=pg, fp8_format=fmt)
+    if "bridge" not in low and "megatron" in low:
+        assumptions.append("precision: fp8 delayed scaling (Megatron-LM's --fp8-recipe default, transformer_config.py:441) "
+                           "[assumed]")
+        return fields_for("fp8-delayed")
+    assumptions.append("precision: fp8 current (tensor-wise) scaling (Megatron-Bridge's FP8-CS; the row says FP8 only) "
+                       "[assumed]")
     return fields_for("fp8-tensorwise")
+
+
+# Recipe names a row's precision text may carry -> the recipe (Megatron-Bridge's performance configs: fp8_cs current
+# scaling, fp8_mx MXFP8, fp8_sc sub-channel = blockwise; NeMo's --fp8_recipe ds / cs / mxfp8 / ss), first match wins
+_NAMES = (("mxfp8", "mxfp8"), ("fp8-mx", "mxfp8"), ("fp8_mx", "mxfp8"), ("blockwise", "fp8-blockwise"),
+          ("fp8-sc", "fp8-blockwise"), ("fp8_sc", "fp8-blockwise"), ("subchannel", "fp8-blockwise"),
+          ("sub-channel", "fp8-blockwise"), ("128x128", "fp8-blockwise"), ("fp8-cs", "fp8-tensorwise"),
+          ("fp8_cs", "fp8-tensorwise"), ("current", "fp8-tensorwise"), ("tensorwise", "fp8-tensorwise"),
+          ("delayed", "fp8-delayed"), ("fp8-ds", "fp8-delayed"), ("fp8_ds", "fp8-delayed"))
+
+
+def _named_recipe(text: str) -> str | None:
+    return next((recipe for token, recipe in _NAMES if token in text), None)
 
 
 __all__ = ["NotModelled", "row_precision", "NEMO_FP8"]

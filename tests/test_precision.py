@@ -258,3 +258,19 @@ def test_pairs_of_the_same_release_and_layout_in_the_report():
     err = sum(abs(q.predicted / q.measured - 1) for q in dense) / len(dense)
     assert err < 0.06  # the precision model alone: everything else cancels within a pair
     assert "## bf16 vs low precision" in pairs_markdown(preds)
+
+
+def test_low_precision_best_is_written_as_a_recipe(tmp_path):
+    from attune.api.tune import tune
+    from attune.recipe import lint, load_recipe
+    from attune.recipe.target import recipe_target
+    res = tune(model="tiny-llama", gpus="8xH100", search_space="small", out=tmp_path, allow_numerics=["fp8-blockwise"])
+    path = res.low_precision_recipe_path
+    assert path is not None and path.name == "recipe-fp8-blockwise.yaml"
+    r = load_recipe(path)
+    assert r["status"] == "predicted" and r["correctness"]["result"] == "not_run"
+    assert not [f for f in lint(r) if f.severity == "error"]
+    assert "--fp8-recipe blockwise" in r["run"] and r["env"].get("NVTE_FP8_BLOCK_SCALING_FP32_SCALES") == "1"
+    back = recipe_target(r).layout
+    assert recipe_of(back) == "fp8-blockwise" and back == res.low_precision.low.layout
+    assert r["result"]["tokens_per_s_per_gpu"] == pytest.approx(res.low_precision.low.perf.tokens_per_s_per_gpu, rel=1e-3)

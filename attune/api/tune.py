@@ -21,6 +21,7 @@ from attune.correctness.verify import verify_recipe, write_outputs
 from attune.errors import NoFeasibleLayout, UserInputError
 from attune.recipe import lint, write_recipe
 from attune.reporting import build_recipe, recipe_path, write_csv, write_report
+from attune.reporting.precision_recipe import low_precision_recipe
 from attune.runners.registry import get_runner, runner_capabilities
 from attune.search.precision_search import PrecisionComparison, allowed_recipes, compare
 from attune.search.records import records, study_counts
@@ -30,6 +31,7 @@ from attune.spec.baselines import baseline_layout
 from attune.spec.engine import get_engine
 from attune.spec.hardware import parse_cluster
 from attune.spec.layout import Workload
+from attune.spec.precision import recipe_of
 from attune.spec.model import load_model
 
 log = logging.getLogger(__name__)
@@ -143,6 +145,8 @@ class TuneResult:
     """Recipe lint findings of severity error (the CLI exits 1 when there are any)."""
     low_precision: PrecisionComparison | None = None
     """With ``allow_numerics``: the best bf16 and the best low-precision layout, predicted (issue 22)."""
+    low_precision_recipe_path: Path | None = None
+    """out_dir/recipe-<recipe>.yaml: the low-precision best as a recipe (status predicted)."""
 
     @property
     def measured(self) -> bool:
@@ -167,6 +171,9 @@ class TuneResult:
         lines += [f"recipe lint error: {f.path}: {f.message}" for f in self.lint_errors]
         if self.low_precision is not None:
             lines += self.low_precision.summary_lines()
+        if self.low_precision_recipe_path is not None:
+            lines.append(f"low-precision recipe: {self.low_precision_recipe_path} (predicted; attune verify it "
+                         f"against bf16)")
         return lines
 
 
@@ -213,12 +220,16 @@ def run_tuning(cfg: TuneConfig, *, verify: bool = True, save_recipe: bool = Fals
         write_recipe(recipe, rp)
     errors = [f for f in lint(recipe) if f.severity == "error"]
     write_csv(outcome.study, csv_path)
-    low = None
+    low = low_path = None
     if recipes:
         if progress:
             progress(f"pricing the space in {', '.join(recipes)} (--allow-numerics)")
         low = compare(cfg.space, cfg.model, cfg.cluster, cfg.workload, cfg.engine, outcome.best.to_layout(), recipes,
                       cfg.headroom)
+        low_recipe = low_precision_recipe(cfg, recipe, low)
+        if low_recipe is not None:
+            low_path = cfg.out_dir / f"recipe-{recipe_of(low.low.layout)}.yaml"
+            write_recipe(low_recipe, low_path)
     report = write_report(cfg, outcome, cfg.out_dir, recipe, extra=low.markdown() if low else ())
     saved = None
     if save_recipe:
@@ -227,7 +238,8 @@ def run_tuning(cfg: TuneConfig, *, verify: bool = True, save_recipe: bool = Fals
         saved.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(rp, saved)
     return TuneResult(config=cfg, outcome=outcome, recipe=recipe, recipe_path=rp, report_path=report,
-                      csv_path=csv_path, saved_recipe=saved, verdict=verdict, lint_errors=errors, low_precision=low)
+                      csv_path=csv_path, saved_recipe=saved, verdict=verdict, lint_errors=errors, low_precision=low,
+                      low_precision_recipe_path=low_path)
 
 
 def tune(*, model: str, gpus: str, verify: bool = True, save_recipe: bool = False,

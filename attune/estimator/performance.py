@@ -228,7 +228,7 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
     moe_t = moe_terms.moe_layer_times(model, cluster, layout, shape, coef)  # routed experts per MoE layer; {} if dense
     lp = lp_terms.plan(layout, gpu, coef)  # low-precision GEMMs and their quantize passes (issue 22)
     if lp is not None:
-        times = lp_terms.layer_times(times, costs, engine, lp, peak, hbm, coef)
+        times = lp_terms.layer_times(times, costs, engine, lp, peak, hbm, coef, layout.tp, tp_bw, tp_overlap)
         moe_t = lp_terms.moe_times(moe_t, model, layout, shape, lp, peak, hbm, coef)
     rec_full = layout.recompute_granularity == "full"
     n_rec = layout.recompute_num_layers or 0

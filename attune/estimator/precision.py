@@ -42,7 +42,7 @@ from attune.estimator.costs import BF16, FP32, LayerCost, Shape
 from attune.spec.engine import Engine
 from attune.spec.hardware import GPU, GiB
 from attune.spec.layout import Layout
-from attune.spec.model import FULL, LINEAR, ModelSpec, is_dense_kind, mixer_of
+from attune.spec.model import FULL, LINEAR, ModelSpec, mixer_of
 from attune.spec.precision import recipe_of
 
 # Saved tensors (attune.estimator.costs / moe names) that only a TE linear keeps, for its weight gradient: they
@@ -188,9 +188,12 @@ def _sat(d: float, coef: Coefficients) -> float:
 
 
 def layer_times(times: dict[str, dict], costs: dict[str, LayerCost], engine: Engine, p: Plan, peak: float,
-                hbm: float, coef: Coefficients) -> dict[str, dict]:
+                hbm: float, coef: Coefficients, tp: int = 1, tp_bw: float = 0.0, tp_overlap: bool = False
+                ) -> dict[str, dict]:
     """Per-layer times with the fp8 GEMMs at the recipe's peak and efficiency, and the quantize passes (forward
-    inputs, backward output gradients) as memory-bound work; attention and GDN kernels unchanged (bf16)."""
+    inputs, backward output gradients) as memory-bound work; attention and GDN kernels unchanged (bf16). With TE
+    userbuffers (``tp_overlap``) the TP collectives hide under the now shorter GEMMs: what stays exposed is taken
+    again from the collectives' time (performance._layer_parts' formula) less the low-precision GEMMs."""
     out = {}
     for kind, t in times.items():
         c = costs[kind]
@@ -202,6 +205,11 @@ def layer_times(times: dict[str, dict], costs: dict[str, LayerCost], engine: Eng
         quant = p.quantize_bytes * gemm_input_bytes(c, kind, engine) / BF16 / (hbm * coef.hbm_efficiency)
         out[kind] = {**t, "fwd_gemm": g, "bwd_gemm": 2 * g, "fwd_memory": t["fwd_memory"] + quant,
                      "bwd_memory": t["bwd_memory"] + BACKWARD_QUANTIZE_RATIO * quant}
+        if tp_overlap and tp > 1 and tp_bw > 0:
+            vol = (tp - 1) / tp * c.tp_coll_bytes * (2 if c.tp_allreduce else 1)
+            per = vol / tp_bw + coef.collective_latency_s
+            out[kind]["tp_fwd"] = max(0.0, c.tp_coll_fwd * per - g)
+            out[kind]["tp_bwd"] = max(0.0, c.tp_coll_bwd * per - 2 * g)
     return out
 
 
@@ -273,4 +281,4 @@ def dense_kinds(chunks) -> list[tuple[str, int]]:
 
 
 __all__ = ["Plan", "plan", "quantized_costs", "layer_times", "moe_times", "param_gather_bytes", "linear_params",
-           "stage_memory", "weight_cast_seconds", "dense_kinds", "gemm_input_bytes", "is_dense_kind"]
+           "stage_memory", "weight_cast_seconds", "dense_kinds", "gemm_input_bytes"]

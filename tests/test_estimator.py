@@ -55,16 +55,19 @@ def test_no_global_activation_multiplier():
 def test_coefficients_carry_units_sources_and_few_bounds():
     fields = dataclasses.fields(Coefficients)
     assert all(f.metadata.get("unit") and f.metadata.get("source") for f in fields)
-    fitted = [f for f in fields if "bounds" in f.metadata and not f.metadata.get("moe")]
+    fitted = [f for f in fields if "bounds" in f.metadata and not f.metadata.get("moe")
+              and not f.metadata.get("precision")]
     assert 1 <= len(fitted) <= 10  # few: efficiencies, overlap and overhead terms (issue 10)
     moe = [f for f in fields if "bounds" in f.metadata and f.metadata.get("moe")]
     assert 1 <= len(moe) <= 4 and all("moe" in f.name for f in moe)  # MoE kernels only (issue 14)
-    for f in fitted + moe:
+    low = [f for f in fields if "bounds" in f.metadata and f.metadata.get("precision")]
+    assert 1 <= len(low) <= 3 and all("fp8" in f.name for f in low)  # low-precision GEMMs only (issue 22)
+    for f in fitted + moe + low:
         lo, hi = f.metadata["bounds"]
         assert lo < getattr(DEFAULT, f.name) < hi or lo <= f.default <= hi
     per_gen = {f.name for f in fields if f.metadata.get("per_generation")}
     assert per_gen <= {"gemm_efficiency", "attention_efficiency", "nvlink_efficiency", "network_efficiency",
-                       "moe_grouped_gemm_efficiency"}
+                       "moe_grouped_gemm_efficiency", "fp8_gemm_efficiency"}
 
 
 def test_saved_tensors_named_and_mlp_kinds():

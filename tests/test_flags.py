@@ -65,10 +65,16 @@ VARIANTS = {
     "account_for_loss": dict(pp=2, account_for_loss=True, account_for_embedding=True),
     "recompute_modules": dict(recompute_granularity="selective", recompute_modules=("core_attn", "mlp")),
     "offload_modules": dict(offload_modules=("core_attn", "attn_proj")),
+    # issue 22: low precision
+    "fp8_format": dict(fp8_format="hybrid"),
+    "fp8_recipe": dict(fp8_format="e4m3", fp8_recipe="blockwise"),
+    "fp8_param_gather": dict(fp8_format="e4m3", fp8_param_gather=True),
+    "fp4_format": dict(fp4_format="e2m1"),
 }
 # Layout fields that are numerics, not layout, by their flags' class: --bf16 / --fp16 change the arithmetic.
 NUMERICS_FIELDS = {"precision", "moe_capacity_factor", "moe_force_balance",  # dropping or re-routing tokens changes the loss
-                   "mtp_layers"}  # multi-token prediction adds a loss term
+                   "mtp_layers",  # multi-token prediction adds a loss term
+                   "fp8_format", "fp8_recipe", "fp8_param_gather", "fp4_format"}  # low-precision GEMMs (issue 22)
 
 
 def _flags_of(owner: str, name: str) -> list[FlagSpec]:

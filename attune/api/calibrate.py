@@ -9,7 +9,8 @@ from pathlib import Path
 
 import attune
 from attune.calibrate.corpus import load_corpus
-from attune.calibrate.fit import FitResult, current, fit_all, moe_transfer_table, write_data
+from attune.calibrate.fit import FitResult, current, moe_transfer_table, write_data
+from attune.calibrate.precision_fit import fit_all_stages, pairs_markdown
 from attune.calibrate.report import (Prediction, SeriesScore, default_coefficients, markdown, predict, scores,
                                      write_csv, write_parity_png)
 from attune.calibrate.rows import Corpus, CorpusRow
@@ -76,7 +77,7 @@ def calibrate(corpus_dir: str | Path | None = None, do_fit: bool = False, out_di
     out.mkdir(parents=True, exist_ok=True)
     result, written, coef_for = None, None, default_coefficients
     if do_fit:
-        result = fit_all(corpus)
+        result = fit_all_stages(corpus)  # dense, MoE, then low precision (issue 22)
         transfer = moe_transfer_table(corpus, result.coefficients)
         target = Path(data_file) if data_file is not None else (
             package_data_file() if running_from_checkout() else out / DATA_FILE)
@@ -87,7 +88,7 @@ def calibrate(corpus_dir: str | Path | None = None, do_fit: bool = False, out_di
     preds = predict(corpus, coef_for)
     title = "Calibration against the public corpus" + (" (refit)" if do_fit else "")
     files = [write_csv(preds, out / "calibration.csv"), out / "calibration.md", out / "parity.png"]
-    files[1].write_text(markdown(preds, corpus.unexpressed, title, moe_transfer=transfer))
+    files[1].write_text(markdown(preds, corpus.unexpressed, title, moe_transfer=transfer) + pairs_markdown(preds))
     write_parity_png(preds, files[2])
     if written is not None:
         files.append(written)

@@ -22,7 +22,9 @@ from attune.correctness.verify import verify_recipe, write_outputs
 from attune.errors import NoFeasibleLayout, UserInputError
 from attune.recipe import lint, write_recipe
 from attune.reporting import build_recipe, recipe_path, write_csv, write_report
+from attune.reporting.precision_recipe import low_precision_recipe
 from attune.runners.registry import get_runner, runner_capabilities
+from attune.search.precision_search import PrecisionComparison, allowed_recipes, compare
 from attune.search.records import records, study_counts
 from attune.search.space import load_space
 from attune.search.tuner import StudyError, TuneConfig, TuneOutcome, Tuner
@@ -30,6 +32,7 @@ from attune.spec.baselines import baseline_layout
 from attune.spec.engine import get_engine
 from attune.spec.hardware import parse_cluster
 from attune.spec.layout import Workload
+from attune.spec.precision import recipe_of
 from attune.spec.model import load_model
 
 log = logging.getLogger(__name__)
@@ -144,6 +147,10 @@ class TuneResult:
     """The correctness verdict of a measured winner (None when not verified)."""
     lint_errors: list = field(default_factory=list)
     """Recipe lint findings of severity error (the CLI exits 1 when there are any)."""
+    low_precision: PrecisionComparison | None = None
+    """With ``allow_numerics``: the best bf16 and the best low-precision layout, predicted (issue 22)."""
+    low_precision_recipe_path: Path | None = None
+    """out_dir/recipe-<recipe>.yaml: the low-precision best as a recipe (status predicted)."""
 
     @property
     def measured(self) -> bool:
@@ -166,6 +173,11 @@ class TuneResult:
         lines.append(f"recipe: {self.recipe_path}{copy}; report: {self.report_path}; "
                      f"wall time {self.outcome.wall_s:.1f} s")
         lines += [f"recipe lint error: {f.path}: {f.message}" for f in self.lint_errors]
+        if self.low_precision is not None:
+            lines += self.low_precision.summary_lines()
+        if self.low_precision_recipe_path is not None:
+            lines.append(f"low-precision recipe: {self.low_precision_recipe_path} (predicted; attune verify it "
+                         f"against bf16)")
         return lines
 
 
@@ -191,8 +203,11 @@ def verify_winner(cfg: TuneConfig, recipe: dict, progress: Progress | None = Non
 
 
 def run_tuning(cfg: TuneConfig, *, verify: bool = True, save_recipe: bool = False,
-               recipes_root: str | Path | None = None, progress: Progress | None = None) -> TuneResult:
-    """Tune with a resolved configuration and write every output (see the module docstring)."""
+               recipes_root: str | Path | None = None, progress: Progress | None = None,
+               allow_numerics: tuple[str, ...] | list[str] = ()) -> TuneResult:
+    """Tune with a resolved configuration and write every output (see the module docstring). ``allow_numerics``
+    (``fp8`` or recipes): also price the space in low precision and report it beside the bf16 best."""
+    recipes = allowed_recipes(allow_numerics)
     outcome = Tuner(cfg, progress).run()
     csv_path = cfg.out_dir / "trials.csv"
     if outcome.best is None:
@@ -209,7 +224,17 @@ def run_tuning(cfg: TuneConfig, *, verify: bool = True, save_recipe: bool = Fals
         write_recipe(recipe, rp)
     errors = [f for f in lint(recipe) if f.severity == "error"]
     write_csv(outcome.study, csv_path)
-    report = write_report(cfg, outcome, cfg.out_dir, recipe)
+    low = low_path = None
+    if recipes:
+        if progress:
+            progress(f"pricing the space in {', '.join(recipes)} (--allow-numerics)")
+        low = compare(cfg.space, cfg.model, cfg.cluster, cfg.workload, cfg.engine, outcome.best.to_layout(), recipes,
+                      cfg.headroom)
+        low_recipe = low_precision_recipe(cfg, recipe, low)
+        if low_recipe is not None:
+            low_path = cfg.out_dir / f"recipe-{recipe_of(low.low.layout)}.yaml"
+            write_recipe(low_recipe, low_path)
+    report = write_report(cfg, outcome, cfg.out_dir, recipe, extra=low.markdown() if low else ())
     saved = None
     if save_recipe:
         saved = recipe_path(Path(recipes_root) if recipes_root else Path.cwd(), cfg.model.name, cfg.cluster.type_key,
@@ -217,15 +242,18 @@ def run_tuning(cfg: TuneConfig, *, verify: bool = True, save_recipe: bool = Fals
         saved.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(rp, saved)
     return TuneResult(config=cfg, outcome=outcome, recipe=recipe, recipe_path=rp, report_path=report,
-                      csv_path=csv_path, saved_recipe=saved, verdict=verdict, lint_errors=errors)
+                      csv_path=csv_path, saved_recipe=saved, verdict=verdict, lint_errors=errors, low_precision=low,
+                      low_precision_recipe_path=low_path)
 
 
 def tune(*, model: str, gpus: str, verify: bool = True, save_recipe: bool = False,
-         recipes_root: str | Path | None = None, progress: Progress | None = None, **options) -> TuneResult:
+         recipes_root: str | Path | None = None, progress: Progress | None = None,
+         allow_numerics: tuple[str, ...] | list[str] = (), **options) -> TuneResult:
     """`attune tune`: `tune_config(model=..., gpus=..., **options)` then `run_tuning`. Raises
     NoFeasibleLayout (exit 1) when no layout fits, UserInputError subclasses (exit 2) for bad input."""
     cfg = tune_config(model=model, gpus=gpus, **options)
-    return run_tuning(cfg, verify=verify, save_recipe=save_recipe, recipes_root=recipes_root, progress=progress)
+    return run_tuning(cfg, verify=verify, save_recipe=save_recipe, recipes_root=recipes_root, progress=progress,
+                      allow_numerics=allow_numerics)
 
 
 def config_from_args(args) -> TuneConfig:
@@ -246,7 +274,8 @@ def config_from_args(args) -> TuneConfig:
 def tune_from_args(args, progress: Progress | None = None) -> TuneResult:
     """`run_tuning(config_from_args(args))` with `--no-verify` and `--save-recipe`."""
     return run_tuning(config_from_args(args), verify=not args.no_verify,
-                      save_recipe=getattr(args, "save_recipe", False), progress=progress)
+                      save_recipe=getattr(args, "save_recipe", False), progress=progress,
+                      allow_numerics=getattr(args, "allow_numerics", None) or ())
 
 
 __all__ = ["tune", "tune_config", "run_tuning", "config_from_args", "tune_from_args", "TuneResult", "default_out_dir", "verify_winner",

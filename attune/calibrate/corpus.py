@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 import attune
+from attune.calibrate.precision_rows import NotModelled, row_precision
 from attune.calibrate.rows import MEMORY, THROUGHPUT, Corpus, CorpusError, CorpusRow, MemoryObservation
 from attune.calibrate.moe_rows import moe_settings, resolve_moe_model
 from attune.calibrate.seed import SEED_SERIES, seed_observations
@@ -26,6 +27,7 @@ from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec, from_geometry
 from attune.spec.knobs import RECOMPUTE_MODULES
 from attune.spec.moe import ep_overlap_rules
+from attune.spec.precision import hardware_refusal
 from attune.spec.rules import check
 
 CORPUS_FILES = ("dense.yaml", "moe.yaml", "memory.yaml")
@@ -331,6 +333,16 @@ def _moe_layout(row: dict, layout: Layout, model: ModelSpec, engine: Engine, wl:
     return lay
 
 
+def _with_precision(layout: Layout, lp_fields: dict, model: ModelSpec, engine: Engine, wl: Workload, cluster) -> Layout:
+    """The row's layout with its low-precision recipe, checked (issue 22)."""
+    lay = replace(layout, **lp_fields)
+    broken = check(lay, model, lay.world_size, wl, engine)
+    refused = hardware_refusal(lay, cluster.gpu.generation, cluster.gpu.is_cpu)
+    if broken or refused:
+        raise _Unexpressed(f"layout rule: {broken[0] if broken else refused}")
+    return lay
+
+
 def read_row(row: dict, file: str) -> CorpusRow:
     """One corpus row, expressed or with the reason it is not."""
     if not isinstance(row, dict) or not row.get("id"):
@@ -345,8 +357,11 @@ def read_row(row: dict, file: str) -> CorpusRow:
     try:
         g = row.get("model") or {}
         pc = row.get("precision_class")
-        if row.get("low_precision") or (pc and pc not in ("bf16", "fp16")):
-            raise _Unexpressed(f"not modelled: {pc or 'low precision'}")
+        try:  # fp8 / mxfp8: the recipe's Layout fields (issue 22); nvfp4 and unknown classes are not modelled
+            lp_fields = row_precision(row, GPUS[_gpu_key(str(row.get("gpu") or ""))].generation,
+                                      str(row.get("engine") or ""), assumptions)
+        except NotModelled as e:
+            raise _Unexpressed(str(e)) from None
         is_moe = bool(g.get("moe") or file == "moe.yaml" or g.get("experts") or (row.get("ep") or 1) > 1)
         bundled, how = resolve_moe_model(g) if is_moe else (None, "")  # by model.hf, then geometry: never the name
         if is_moe and bundled is None:
@@ -365,6 +380,8 @@ def read_row(row: dict, file: str) -> CorpusRow:
         layout, wl = _layout(row, model, engine, assumptions, check_rules=not bundled)
         if bundled:
             layout = _moe_layout(row, layout, model, engine, wl, assumptions, key)
+        if lp_fields:
+            layout = _with_precision(layout, lp_fields, model, engine, wl, cluster)
         tps = _throughput(row) if file != "memory.yaml" else None
         mem = _memory(row["memory"]) if row.get("memory") else None
     except _Unexpressed as e:

@@ -122,12 +122,13 @@ def fit_params(corpus: Corpus, start: CoefficientSet | None = None, moe: bool = 
     """The free values: fields with ``bounds``, per generation present in the corpus where ``per_generation``;
     the dense fields (``moe`` False) or the MoE kernels' fields (``moe`` True, generations of the MoE rows)."""
     start = start or source_values()
-    gens = [g for g in GENERATIONS if any(r.generation == g and is_moe_row(r) == moe for r in corpus.expressed)]
+    gens = [g for g in GENERATIONS if any(r.generation == g and is_moe_row(r) == moe and not r.low_precision
+                                          for r in corpus.expressed)]
     out = []
     for f in dataclasses.fields(Coefficients):
         b = f.metadata.get("bounds")
-        if not b or bool(f.metadata.get("moe")) != moe:
-            continue
+        if not b or bool(f.metadata.get("moe")) != moe or f.metadata.get("precision"):
+            continue  # (the low-precision fields: attune.calibrate.precision_fit's stage)
         lo, hi = float(b[0]), float(b[1])
         unit = str(f.metadata.get("unit", ""))
         if f.metadata.get("per_generation"):
@@ -240,7 +241,8 @@ def fit(corpus: Corpus, start: CoefficientSet | None = None, params: Sequence[Fi
     ``moe`` the MoE kernels' fields to the MoE rows (the dense fields held at ``start``), so a MoE row's error
     never pulls the shared dense coefficients of its GPU generation."""
     start = start or source_values()
-    rows = [r for r in corpus.expressed if (r.has_throughput or (r.memory is not None)) and is_moe_row(r) == moe]
+    rows = [r for r in corpus.expressed if (r.has_throughput or (r.memory is not None)) and is_moe_row(r) == moe
+            and not r.low_precision]
     if not rows:
         raise FitError(f"corpus {corpus.directory}: no expressed {'MoE' if moe else 'dense'} row with a throughput "
                        f"or a memory observation")
@@ -282,7 +284,7 @@ def fit_all(corpus: Corpus, start: CoefficientSet | None = None) -> FitResult:
     """The dense fit, then (when the corpus has expressed MoE rows) the MoE kernels' fit on top of it: one
     result holding both (params, values, rows and scores of the two, costs summed)."""
     dense = fit(corpus, start)
-    if not any(is_moe_row(r) and r.has_throughput for r in corpus.expressed):
+    if not any(is_moe_row(r) and r.has_throughput and not r.low_precision for r in corpus.expressed):
         return dense
     m = fit(corpus, dense.coefficients, moe=True)
     cs = m.coefficients
@@ -305,9 +307,14 @@ def leave_one_series_out(corpus: Corpus, series: str, start: CoefficientSet | No
 
 
 # ---------------------------------------------------------------------- MoE: leave one model out (issue 21)
+def _bf16_moe_row(r: CorpusRow) -> bool:
+    """A bf16 MoE throughput row: what the MoE stage fits (low-precision rows belong to the third stage)."""
+    return is_moe_row(r) and r.has_throughput and not r.low_precision
+
+
 def moe_models(corpus: Corpus) -> list[str]:
-    """Bundled MoE models with expressed throughput rows in the corpus, in first-seen order."""
-    return list(dict.fromkeys(r.model.name for r in corpus.expressed if is_moe_row(r) and r.has_throughput))
+    """Bundled MoE models with expressed bf16 throughput rows in the corpus, in first-seen order."""
+    return list(dict.fromkeys(r.model.name for r in corpus.expressed if _bf16_moe_row(r)))
 
 
 def _moe_fields() -> dict[str, float]:
@@ -327,7 +334,7 @@ def leave_one_model_out(corpus: Corpus, model: str, dense: CoefficientSet) -> tu
     """The MoE stage fitted without ``model``'s rows (the dense coefficients ``dense`` held, as in ``fit_all``),
     then ``model``'s throughput rows predicted with the result: how the MoE coefficients transfer to a model
     they never saw."""
-    held = [r for r in corpus.expressed if is_moe_row(r) and r.model.name == model and r.has_throughput]
+    held = [r for r in corpus.expressed if _bf16_moe_row(r) and r.model.name == model]
     if not held:
         raise FitError(f"MoE model '{model}' has no expressed throughput row in {corpus.directory}")
     rest = Corpus(rows=tuple(r for r in corpus.rows if not (r.model is not None and r.model.name == model)),
@@ -345,7 +352,7 @@ def moe_transfer_table(corpus: Corpus, fitted: CoefficientSet, dense: Coefficien
         return []
     out = []
     for name in moe_models(corpus):
-        rows = [r for r in corpus.expressed if is_moe_row(r) and r.model.name == name and r.has_throughput]
+        rows = [r for r in corpus.expressed if _bf16_moe_row(r) and r.model.name == name]
         ins = [predict_row(r, fitted.for_row(r)) for r in rows]
         _, lomo = leave_one_model_out(corpus, name, dense)
         e_in = [p.error for p in ins if p.error is not None]

@@ -173,15 +173,30 @@ def scores(preds: Sequence[Prediction]) -> list[SeriesScore]:
     for p in preds:
         by.setdefault(p.row.series, []).append(p)
     out = [score(s, ps) for s, ps in by.items()]
-    moe = [p for p in preds if p.row.model is not None and p.row.model.moe is not None]
+    low = [p for p in preds if p.row.low_precision]  # issue 22: scored per precision class, apart from bf16
+    out += precision_class_scores(low)
+    moe = [p for p in preds if p.row.model is not None and p.row.model.moe is not None and not p.row.low_precision]
     if moe:
         per_model: dict[str, list[Prediction]] = {}
         for p in moe:
             per_model.setdefault(p.row.model.name, []).append(p)
         out += [score(f"MoE {name}", ps) for name, ps in per_model.items()]
         moe_ids = {id(p) for p in moe}
-        out += [score("dense", [p for p in preds if id(p) not in moe_ids]), score("MoE", moe)]
+        out += [score("dense", [p for p in preds if id(p) not in moe_ids and not p.row.low_precision]),
+                score("MoE", moe)]
     return out + [score("overall", list(preds))]
+
+
+def precision_class_scores(preds: Sequence[Prediction]) -> list[SeriesScore]:
+    """Per low-precision class of the rows (``fp8``, ``mxfp8``), and per class x dense / MoE where both occur."""
+    out = []
+    for pc in dict.fromkeys(p.row.precision for p in preds):
+        ps = [p for p in preds if p.row.precision == pc]
+        out.append(score(pc, ps))
+        moe = [p for p in ps if p.row.model.moe is not None]
+        if moe and len(moe) < len(ps):
+            out += [score(f"{pc} dense", [p for p in ps if p.row.model.moe is None]), score(f"{pc} MoE", moe)]
+    return out
 
 
 # ---------------------------------------------------------------------- tables and the parity plot

@@ -103,6 +103,11 @@ class CorpusRow:
         return THROUGHPUT in self.kinds and self.tokens_per_s_per_gpu is not None
 
     @property
+    def low_precision(self) -> bool:
+        """Its GEMMs ran in fp8 / fp4 (issue 22: fitted by the low-precision stage only)."""
+        return self.layout is not None and (self.layout.fp8_format is not None or self.layout.fp4_format is not None)
+
+    @property
     def generation(self) -> str:
         return getattr(self.cluster.gpu, "generation", "") if self.cluster else ""
 

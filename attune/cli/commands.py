@@ -103,7 +103,7 @@ def cmd_tune(args) -> int:
             prog.update(task, description=msg[:100])
 
         result = tune_api.run_tuning(cfg, verify=not args.no_verify, save_recipe=args.save_recipe,
-                                     progress=progress)
+                                     progress=progress, allow_numerics=getattr(args, "allow_numerics", None) or ())
     if result.verdict is not None:
         con.print(f"correctness: {result.recipe['correctness']['result']}; status {result.recipe['status']}",
                   highlight=False)

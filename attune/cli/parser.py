@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop once the measured trials have used this many GPU-hours")
     s.add_argument("--measurements", default=None,
                    help="replay runner: the table of measured outcomes (CSV or YAML, or an earlier trials.csv)")
+    s.add_argument("--allow-numerics", action="append", default=[], metavar="PRECISION",
+                   help="also search low precision, a numerics change (fp8, or fp8-delayed, fp8-tensorwise, "
+                        "fp8-blockwise, mxfp8, nvfp4): the report sets the best one beside the bf16 best")
     s.add_argument("--no-verify", action="store_true", help="skip the correctness check of the winner")
     s.add_argument("--save-recipe", action="store_true",
                    help="also copy the recipe into ./recipes/<model>/<gpu>/ (tracked recipes are never written otherwise)")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from attune.correctness.checks import component_shapes
 from attune.correctness.component import run_component_test
-from attune.correctness.convergence import compare_curves
+from attune.correctness.convergence import Thresholds, compare_curves
 from attune.correctness.verdict import ArmRun, ConvergenceCheck, NegativeControl, one_line
 from attune.errors import MissingDependency, require
 from attune.runners.base import Runner, TrialSpec
@@ -67,13 +67,15 @@ class Arms:
         return ArmRun(name=name, layout=layout, result=res, seconds=time.monotonic() - t0)
 
 
-def compare_arms(reference: ArmRun, candidate: ArmRun, note: str) -> ConvergenceCheck:
-    """Check 2 on two arms: `compare_curves` of their losses, or a failure naming the arm that did not finish."""
+def compare_arms(reference: ArmRun, candidate: ArmRun, note: str, thresholds: Thresholds | None = None
+                 ) -> ConvergenceCheck:
+    """Check 2 on two arms: `compare_curves` of their losses (with ``thresholds``: a numerics class's own, e.g. a
+    low-precision candidate's), or a failure naming the arm that did not finish."""
     if not (reference.ok and candidate.ok):
         why = "; ".join(f"{role} arm {a.result.status}: {one_line(a.result.reason)}"
                         for role, a in (("reference", reference), ("candidate", candidate)) if not a.ok)
         return ConvergenceCheck(steps=max(len(reference.result.losses), 1), passed=False, note=f"{note}; {why}")
-    cr = compare_curves(reference.result.losses, candidate.result.losses)
+    cr = compare_curves(reference.result.losses, candidate.result.losses, thresholds)
     return ConvergenceCheck(steps=len(cr.steps), passed=cr.passed, note=note, comparison=cr)
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from attune.correctness import prose
 from attune.correctness.arms import Arms, compare_arms, negative_controls
 from attune.correctness.checks import component_check, configuration_check, rules_check
+from attune.correctness.precision_check import precision_component, precision_controls, thresholds_for
 from attune.correctness.verdict import (ArmRun, ComponentCheck, ConfigurationCheck, ConvergenceCheck,
                                         NegativeControl, RulesCheck, Verdict, one_line)
 from attune.errors import UserInputError
@@ -109,7 +110,8 @@ def reference_text(target: RecipeTarget, reference: Layout, source: str) -> str:
 
 # ---------------------------------------------------------------------- step 7: the verdict
 def failure_reasons(*, measured: bool, runner: str, recipe: dict, convergence: ConvergenceCheck,
-                    component: ComponentCheck, rules: RulesCheck, controls: list[NegativeControl]) -> list[str]:
+                    component: ComponentCheck, rules: RulesCheck, controls: list[NegativeControl],
+                    precision=None) -> list[str]:
     """Every reason the recipe is not verified ([] when it is)."""
     reasons: list[str] = []
     if not measured:
@@ -122,9 +124,12 @@ def failure_reasons(*, measured: bool, runner: str, recipe: dict, convergence: C
         reasons.append(f"convergence check failed ({why})")
     if not component.passed:
         reasons.append(f"component test {component.config} failed")
-    # the rules' own reasons, less the two already given above
+    if precision is not None and not precision.passed:
+        reasons.append(precision.line())
+    # the rules' own reasons, less those already given above
     reasons += [r for r in rules.unverified_reasons if not r.startswith("the convergence check")
-                and "'component:optimizer', which failed" not in r]
+                and "'component:optimizer', which failed" not in r
+                and not (precision is not None and "'component:precision', which failed" in r)]
     reasons += [f"negative control passed, so the check cannot detect it: {c.changed}"
                 for c in controls if c.observed == "pass"]
     return reasons
@@ -229,13 +234,22 @@ def _run_checks(ctx: _Context, conf: ConfigurationCheck, reference: Layout, sour
     runs["candidate"] = arms.run("candidate", t.layout, label="candidate")
     ctx.say(prose.arm_line("candidate", runs["candidate"]))
 
-    conv = compare_arms(runs["reference"], runs["candidate"], arms_note(t, runner, reference, source))
+    # a low-precision candidate (issue 22): its numerics class's tolerance against the bf16 reference, and the
+    # component:precision test (attune.correctness.precision_check)
+    th = thresholds_for(t.layout)
+    conv = compare_arms(runs["reference"], runs["candidate"], arms_note(t, runner, reference, source)
+                        + (" (low-precision tolerance: 0.5% point-wise and final)" if th else ""), th)
     ctx.say(prose.convergence_line(conv))
     comp = component_check(t.model, t.layout, t.workload)
     for line in prose.component_lines(comp):
         ctx.say(line)
-    rules = rules_check(reference, t.layout, t.workload,
-                        {"convergence": conv.passed, "component:optimizer": comp.passed})
+    prec = precision_component(t.model, t.layout) if th is not None else None
+    if prec is not None:
+        ctx.say(prec.line())
+    tests = {"convergence": conv.passed, "component:optimizer": comp.passed}
+    if prec is not None:
+        tests["component:precision"] = prec.passed
+    rules = rules_check(reference, t.layout, t.workload, tests)
     for line in prose.rules_lines(rules):
         ctx.say(line)
 
@@ -243,11 +257,15 @@ def _run_checks(ctx: _Context, conf: ConfigurationCheck, reference: Layout, sour
     if negative_control:
         controls, control_arms = negative_controls(arms, runs["reference"], t.layout)
         runs.update((a.name, a) for a in control_arms)
+        if th is not None:  # a wrong scale and an E5M2 forward must fail too
+            more, more_arms = precision_controls(arms, runs["reference"], t.layout, t.model)
+            controls += more
+            runs.update((a.name, a) for a in more_arms)
         for c in controls:
             ctx.say(prose.control_line(c))
 
     reasons = failure_reasons(measured=runner.capabilities.measured, runner=runner.name, recipe=ctx.recipe,
-                              convergence=conv, component=comp, rules=rules, controls=controls)
+                              convergence=conv, component=comp, rules=rules, controls=controls, precision=prec)
     v = Verdict(status="failed" if reasons else "verified",
                 summary=("failed: " + "; ".join(reasons)) if reasons else pass_summary(conv, comp, controls),
                 reasons=tuple(reasons), configuration=conf, reference_layout=reference,

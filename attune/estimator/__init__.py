@@ -9,6 +9,8 @@ from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
 from attune.spec.placement import place
+from attune.errors import LayoutError
+from attune.spec.precision import hardware_refusal
 from attune.spec.rules import validate
 from attune.estimator.memory import MemoryEstimate, estimate_memory
 from attune.spec.model import ModelSpec
@@ -68,6 +70,9 @@ def estimate(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workl
     coef = coef if coef is not None else coefficients_for(cluster.gpu)
     if check_layout:
         validate(layout, model, cluster.world_size, workload, engine)
+        refused = hardware_refusal(layout, cluster.gpu.generation, cluster.gpu.is_cpu)
+        if refused:
+            raise LayoutError(refused)
     placement = place(model, layout, workload, engine)
     return Estimate(model, cluster, layout, workload, engine,
                     estimate_memory(model, cluster, layout, workload, engine, coef, placement),

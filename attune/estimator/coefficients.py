@@ -18,7 +18,7 @@ from attune.spec.hardware import GPU
 
 
 def _c(default: float, unit: str, source: str, bounds: tuple[float, float] | None = None,
-       per_generation: bool = False, moe: bool = False):
+       per_generation: bool = False, moe: bool = False, precision: bool = False):
     """A coefficient field: its unit, its source and, for the few the global fit may move, the physically
     plausible range (the range's source in ``source``), whether it may differ between GPU generations and
     whether it belongs to the MoE kernels (fitted to the MoE rows only, after the dense fields)."""
@@ -29,6 +29,8 @@ def _c(default: float, unit: str, source: str, bounds: tuple[float, float] | Non
         meta["per_generation"] = True
     if moe:
         meta["moe"] = True
+    if precision:
+        meta["precision"] = True
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -164,6 +166,26 @@ class Coefficients:
     step_overhead_megatron_s: float = _c(
         0.3, "s per step", "Megatron-LM / NeMo loop outside forward/backward: data loader, gradient-norm "
         "clipping all-reduces, loss reduction, timers and logging [range 0.05-1.0 s]", bounds=(0.05, 1.0))
+    # ------------------------------------------------------------------ performance: low precision (issue 22)
+    # Fitted after the dense and MoE fields, with those held, to the fp8 / mxfp8 rows only (``precision`` in the
+    # metadata; attune.calibrate.precision_fit): a low-precision row never moves a bf16 coefficient.
+    fp8_gemm_efficiency: float = _c(
+        0.60, "fraction of the dense FP8 peak", "tensor-scaled (delayed / tensorwise) fp8 GEMMs through TE/cuBLASLt "
+        "reach 0.5-0.75 of the fp8 peak on large shapes: lower than bf16's fraction, the fp8 kernels being more "
+        "bound by the epilogue and the operand loads (NVIDIA TE fp8 and cuBLAS benchmarks) [range, fitted]",
+        bounds=(0.35, 0.90), per_generation=True, precision=True)
+    fp8_blockwise_gemm_ratio: float = _c(
+        0.85, "fraction of the tensor-scaled fp8 GEMM efficiency", "blockwise scaling (1x128 activation, 128x128 "
+        "weight blocks, fp32 scales) applies the scales in the GEMM's main loop (DeepSeek-V3 tech report section "
+        "3.3; TE Float8BlockScaling): 0.7-1.0 of a tensor-scaled fp8 GEMM [range, fitted]",
+        bounds=(0.6, 1.0), precision=True)
+    mxfp8_gemm_efficiency: float = _c(
+        0.60, "fraction of the dense FP8 peak", "MXFP8 (E8M0 scale per 32 elements) GEMMs on Blackwell tensor cores, "
+        "which apply the block scales in hardware: 0.5-0.8 of the fp8 peak (NVIDIA Blackwell architecture "
+        "whitepaper; TE MXFP8BlockScaling) [range, fitted]", bounds=(0.35, 0.90), precision=True)
+    nvfp4_gemm_efficiency: float = _c(
+        0.50, "fraction of the dense FP4 peak", "NVFP4 GEMMs on Blackwell (E4M3 scale per 16 elements plus a "
+        "tensor scale): no expressible corpus row, so not fitted [prior]")
     step_overhead_torch_s: float = _c(
         0.05, "s per step", "attune's torch runner: Python loop, gloo barrier and logging on CPU workers")
 

@@ -22,6 +22,7 @@ from .coefficients import Coefficients, coefficients_for
 from attune.estimator.costs import BF16, FP32, Shape, layer_costs, mtp_logits_bytes, mtp_saved
 from attune.estimator import offload as knob_terms
 from attune.estimator import moe as moe_terms
+from attune.estimator import precision as lp_terms
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster, GiB
 from attune.spec.placement import Batching, Placement, mtp_kind, place, stage_params
@@ -71,7 +72,8 @@ class StageMemory:
         """Peak allocated by PyTorch's caching allocator (``torch.cuda.max_memory_allocated``)."""
         return (self.weights_gib + self.grads_gib + self.optimizer_gib + self.activations_gib + self.logits_gib
                 + self.expert_state_gib + self.overheads.get("gemm_workspaces", 0.0) + self.overheads.get("tp_overlap_buffers", 0.0)
-                + self.overheads.get("optimizer_step_peak", 0.0))
+                + self.overheads.get("optimizer_step_peak", 0.0)
+                + sum(v for k, v in self.overheads.items() if k.startswith("low_precision")))
 
     @property
     def reserved_gib(self) -> float:
@@ -311,6 +313,9 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload
     b = pl.batch
     shape = Shape(layout.tp, layout.sp, layout.cp, b.tokens_per_gpu, workload.seq_length)
     costs = moe_terms.with_expert_activations(layer_costs(model, engine, shape), model, layout, shape)
+    lp = lp_terms.plan(layout, cluster.gpu, coef)  # low-precision GEMMs (issue 22); None for bf16
+    if lp is not None:
+        costs = lp_terms.quantized_costs(costs, layout, engine, cluster.gpu, coef)
     cpu = cluster.gpu.is_cpu
     # the torch runner keeps fp32 parameters (bf16 autocast on GPU, fp32 on CPU); Megatron/slime keep bf16 ones
     fp32_training = cpu or engine.attune_trainer
@@ -428,12 +433,16 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload
             logits += BF16 * b.tokens_per_gpu * model.hidden  # output-layer input
             logits += st.mtp * mtp_logits_bytes(model, shape)  # each MTP layer's loss: a second fp32 logits tensor
         over = fixed_overheads(layout, workload, engine, cluster, r, model, coef)
+        if lp is not None:  # fp8 weight copies, fp8 params, scaling state (attune.estimator.precision)
+            over = {**over, **lp_terms.stage_memory(lp, lp_terms.linear_params(
+                model, engine, costs, lp_terms.dense_kinds(st.chunks), layout.tp), ex, st.layers)}
+        lp_gib = sum(v for k, v in over.items() if k.startswith("low_precision"))
         allocated = (params * (w_b + g_b + o_b) + ex * (ew_b + eg_b + eo_b) + acts + logits) / GiB + over.get(
-            "gemm_workspaces", 0.0) + over.get("tp_overlap_buffers", 0.0)
+            "gemm_workspaces", 0.0) + over.get("tp_overlap_buffers", 0.0) + lp_gib
         # the optimizer step's peak: the states plus the fp32 grad copies, no activations; it sets the stage's
         # peak only when it exceeds the forward/backward one
         step_peak = (params * (w_b + g_b + o_b + copy_b) + ex * (ew_b + eg_b + eo_b + ecopy_b)) / GiB + over.get(
-            "gemm_workspaces", 0.0)
+            "gemm_workspaces", 0.0) + lp_gib
         if step_peak > allocated:
             over["optimizer_step_peak"] = step_peak - allocated
             allocated = step_peak

@@ -20,6 +20,7 @@ from attune.estimator.costs import BF16, FP32, LayerCost, Shape, layer_costs, lo
 from attune.estimator import offload as knob_terms
 from attune.estimator.metrics import model_flops_utilization, usd_per_million_tokens
 from attune.estimator import moe as moe_terms
+from attune.estimator import precision as lp_terms
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
@@ -227,6 +228,10 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
                                      for k, c in costs.items()})
     times = hit[1]
     moe_t = moe_terms.moe_layer_times(model, cluster, layout, shape, coef)  # routed experts per MoE layer; {} if dense
+    lp = lp_terms.plan(layout, gpu, coef)  # low-precision GEMMs and their quantize passes (issue 22)
+    if lp is not None:
+        times = lp_terms.layer_times(times, costs, engine, lp, peak, hbm, coef, layout.tp, tp_bw, tp_overlap)
+        moe_t = lp_terms.moe_times(moe_t, model, layout, shape, lp, peak, hbm, coef)
     rec_full = layout.recompute_granularity == "full"
     n_rec = layout.recompute_num_layers or 0
     p, v, m = layout.pp, layout.vpp, b.microbatches
@@ -343,7 +348,7 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
             n_buckets = max(1.0, params[i] / bucket)
             if layout.distributed_optimizer:
                 t_rs = params[i] * (d - 1) / d * grad_bytes / bw + coef.collective_latency_s
-                t_ag = params[i] * (d - 1) / d * BF16 / bw + coef.collective_latency_s
+                t_ag = params[i] * (d - 1) / d * lp_terms.param_gather_bytes(layout) / bw + coef.collective_latency_s
             else:
                 t_rs, t_ag = 2 * params[i] * (d - 1) / d * grad_bytes / bw + coef.collective_latency_s, 0.0
             if ov_grad:
@@ -373,6 +378,8 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
         pcie = frac * shard * OFFLOAD_PCIE_BYTES_PER_PARAM / (gpu.pcie_gbps * 1e9)
         cpu_opt = max(cpu_compute, pcie) if layout.overlap_cpu_optimizer else cpu_compute + pcie
     optimizer_s = gpu_opt + cpu_opt
+    if lp is not None:  # the weights cast to the recipe once per step
+        optimizer_s += lp_terms.weight_cast_seconds(lp, max(params) + (shard if model.moe is not None else 0.0), hbm, coef)
     overhead = getattr(coef, engine.step_overhead)
     step = pipeline + dp_s + optimizer_s + overhead
     tps = workload.tokens_per_step / step / layout.world_size

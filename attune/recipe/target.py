@@ -119,7 +119,8 @@ def _run_flags(recipe: dict, source: str) -> dict[str, str | None] | None:
 
 # Layout fields of numerics class with no recipe key: a recipe carries them in its run flags only
 _NUMERICS_LAYOUT = {flag: (name, kind) for flag, (name, kind) in LAYOUT_FLAGS.items()
-                    if name in ("moe_capacity_factor", "moe_force_balance", "mtp_layers")}
+                    if name in ("moe_capacity_factor", "moe_force_balance", "mtp_layers", "fp8_format", "fp8_recipe",
+                                "fp8_param_gather", "fp4_format")}
 
 
 def _numerics_fields(flags: dict[str, str | None], source: str) -> dict[str, Any]:
@@ -134,6 +135,9 @@ def _numerics_fields(flags: dict[str, str | None], source: str) -> dict[str, Any
             out[name] = True
             continue
         if value is None or value.startswith("$"):
+            continue
+        if kind == "str":  # the low-precision recipe (issue 22)
+            out[name] = value
             continue
         try:
             out[name] = int(value) if kind == "int" else float(value)

@@ -207,12 +207,13 @@ def _measured_table(out: TuneOutcome, measured: bool) -> list[str]:
     return L
 
 
-def write_report(cfg: TuneConfig, out: TuneOutcome, out_dir: Path, recipe: dict | None) -> Path:
-    """Write out_dir/report.md (and its PNG plots); returns its path."""
+def write_report(cfg: TuneConfig, out: TuneOutcome, out_dir: Path, recipe: dict | None, extra=()) -> Path:
+    """Write out_dir/report.md (and its PNG plots); returns its path. ``extra``: markdown lines of a section after
+    the baseline (the low-precision comparison of ``--allow-numerics``)."""
     plots = plot_study(cfg, out, out_dir)
     measured = bool(out.best and out.best.measured)
     kind = "measured" if measured else "predicted"
-    L = _header(cfg) + _winner(cfg, out, recipe, kind) + _baseline(cfg, out, kind) + _search(cfg, out)
+    L = _header(cfg) + _winner(cfg, out, recipe, kind) + _baseline(cfg, out, kind) + list(extra) + _search(cfg, out)
     L += _top_predicted(cfg, out) + _ablation(cfg) + _calibration(cfg, out) + _measured_table(out, measured)
     L.append("## Plots\n")
     for title, name in plots:

@@ -68,7 +68,8 @@ def replay_key(layout: Layout, num_layers: int) -> tuple:
             tuple(virtual_stage_counts(layout, num_layers) or ()), layout.ep, layout.etp, layout.moe_dispatcher,
             layout.moe_grouped_gemm, layout.moe_permute_fusion, layout.moe_shared_expert_overlap,
             layout.moe_capacity_factor, layout.moe_force_balance, layout.mtp_layers, layout.precision,
-            layout.moe_ep_overlap)
+            layout.moe_ep_overlap, layout.fp8_format, layout.fp8_recipe if layout.fp8_format else None,
+            layout.fp8_param_gather, layout.fp4_format)
 
 
 @dataclass(frozen=True, kw_only=True)

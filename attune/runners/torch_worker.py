@@ -45,9 +45,13 @@ from attune.spec.placement import batching, stage_layer_counts
 from attune.torchmodels import build_model, token_loss_sum
 from attune.torchmodels.data import load_rows, shift_labels, step_row_indices
 from attune.torchmodels.expert_parallel import ExpertParallel, ep_group_ranks, expert_dp_group_ranks
+from attune.torchmodels.lowp import apply_low_precision
 from attune.torchmodels.moe_block import LocalExperts
 
 FAULT_ENV, FAULT_RANK_ENV, FAULT_STEP_ENV = "ATTUNE_TORCH_FAULT", "ATTUNE_TORCH_FAULT_RANK", "ATTUNE_TORCH_FAULT_STEP"
+# issue 22: a negative control of the emulated low-precision GEMMs (attune.torchmodels.lowp.CONTROLS), set by
+# attune verify's precision controls only
+LOWP_CONTROL_ENV = "ATTUNE_LOWP_CONTROL"
 # p2p tags: activations travel forward with one tag, gradients backward with another (gloo matches on tags).
 FWD_TAG, BWD_TAG = 1, 2
 # AdamW epsilon: Megatron-LM's --adam-eps default.
@@ -288,6 +292,9 @@ class Trainer:
         self.net = build_model(self.model, start, stop, first=self.stage == 0, last=self.stage == self.pp - 1,
                                seed=w.seed, device=self.device, ep=ep)
         self.net.set_recompute(L.recompute_granularity, L.recompute_method, L.recompute_num_layers)
+        # low precision (issue 22): the decoder layers' linears on emulated fp8 / fp4 operands
+        lowp = apply_low_precision(self.net.layers, L.fp8_format, L.fp8_recipe, L.fp4_format,
+                                   os.environ.get(LOWP_CONTROL_ENV) or None)
         self.params = [p for p in self.net.parameters() if p.requires_grad]
         expert_ids = {id(p) for m in self.net.modules() if isinstance(m, LocalExperts) for p in m.parameters()}
         # EP 1: every rank holds every expert, so experts are reduced and optimised as dense parameters
@@ -299,7 +306,7 @@ class Trainer:
             self.opts.append(self._optimizer(self.expert_params, self.edp, self.edp_group))
         self.rows = load_rows(self.cfg.get("data_path"), w.steps * w.global_batch, w.seq_length, self.model.vocab, w.seed)
         self.batch = batching(L, w, self.engine)
-        self.record.update(layers=[start, stop], stage_params=sum(p.numel() for p in self.params),
+        self.record.update(low_precision_linears=lowp, layers=[start, stop], stage_params=sum(p.numel() for p in self.params),
                            expert_params=sum(p.numel() for p in self.params if id(p) in expert_ids),
                            ep=self.ep, ep_rank=self.ep_rank, expert_dp=self.edp,
                            rows_per_microbatch=self.batch.rows_per_microbatch, microbatches=self.batch.microbatches)

@@ -41,6 +41,10 @@ class GPU:
     # architecture generation (ampere | hopper | blackwell; "" for CPU workers): the fitted coefficients
     # are per generation at most (attune.estimator.coefficients.coefficients_for)
     generation: str = ""
+    fp8_tflops: float = 0.0
+    """Dense FP8 tensor-core peak, TFLOP/s (MXFP8 runs at it on Blackwell); 0: no fp8 tensor cores (issue 22)."""
+    fp4_tflops: float = 0.0
+    """Dense NVFP4 tensor-core peak, TFLOP/s; 0: no fp4 tensor cores."""
 
     @property
     def nvlink_span(self) -> int:
@@ -57,6 +61,7 @@ class GPU:
 GPUS: dict[str, GPU] = {
     "H100": GPU(
         name="H100 SXM 80GB",
+        fp8_tflops=1978.9,  # NVIDIA H100 SXM datasheet: FP8 3,958 TFLOP/s with sparsity, half dense
         generation="hopper",  # NVIDIA architecture of the part
         memory_bytes=85_029_158_912,  # 79.19 GiB reported by torch on H100 SXM5 80GB HBM3
         bf16_tflops=989.4,  # NVIDIA H100 datasheet: BF16 1,979 TFLOP/s with sparsity, half dense
@@ -74,6 +79,7 @@ GPUS: dict[str, GPU] = {
     ),
     "H200": GPU(
         name="H200 SXM 141GB",
+        fp8_tflops=1978.9,  # NVIDIA H200 SXM datasheet: FP8 3,958 TFLOP/s with sparsity, half dense
         generation="hopper",  # NVIDIA architecture of the part
         memory_bytes=150_119_374_848,  # 139.81 GiB, the "total capacity" in CUDA OOM messages on H200
         bf16_tflops=989.4,  # same Hopper SXM tensor cores as H100: 989 dense (reference notes section 6.3)
@@ -107,6 +113,8 @@ GPUS: dict[str, GPU] = {
     ),
     "B200": GPU(
         name="B200 180GB",
+        fp8_tflops=4500.0,  # NVIDIA HGX B200 datasheet: FP8/FP6 72 PFLOPS sparse per 8 GPUs -> 9 sparse, 4.5 dense each
+        fp4_tflops=9000.0,  # HGX B200: FP4 144 PFLOPS sparse per 8 GPUs -> 18 sparse, 9 dense each
         generation="blackwell",  # NVIDIA architecture of the part
         memory_bytes=191_503_138_816,  # 178.35 GiB as reported on HGX B200 (180 GB usable of 192 GB) [unverified]
         bf16_tflops=2250.0,  # NVIDIA HGX B200: 2.25 PFLOP/s dense FP16/BF16 per GPU (18 PF sparse FP4 class sheet)
@@ -124,6 +132,8 @@ GPUS: dict[str, GPU] = {
     ),
     "GB200": GPU(
         name="GB200 NVL72 (Blackwell, 186GB)",
+        fp8_tflops=5000.0,  # GB200 NVL72 datasheet: FP8/FP6 720 PFLOPS sparse for 72 GPUs -> 10 sparse, 5 dense each
+        fp4_tflops=10000.0,  # GB200 NVL72: FP4 1,440 PFLOPS sparse for 72 GPUs -> 20 sparse, 10 dense each
         memory_bytes=186_000_000_000,  # GB200 NVL72 datasheet: 13.4 TB HBM3e / 72 GPUs = 186 GB [unverified driver figure]
         bf16_tflops=2500.0,  # GB200 NVL72 datasheet: FP16/BF16 360 PFLOPS with sparsity for 72 GPUs -> 2.5 PF dense each
         hbm_gbps=8000.0,  # GB200 NVL72 datasheet: 576 TB/s HBM3e for 72 GPUs = 8 TB/s each
@@ -142,6 +152,8 @@ GPUS: dict[str, GPU] = {
     ),
     "B300": GPU(
         name="B300 288GB (Blackwell Ultra, HGX/DGX B300)",
+        fp8_tflops=4500.0,  # DGX B300 datasheet: 72 PFLOPS FP8 training per 8 GPUs (sparse) -> 4.5 PF dense each [unverified]
+        fp4_tflops=13500.0,  # DGX B300: FP4 108 PFLOPS dense inference per 8 GPUs -> 13.5 dense each [unverified]
         generation="blackwell",  # Blackwell Ultra: the same tensor-core generation as B200
         memory_bytes=288 * 10**9,  # DGX B300 datasheet: 2.3 TB HBM3e for 8 GPUs = 288 GB each [unverified driver figure]
         bf16_tflops=2250.0,  # DGX B300 datasheet: 72 PFLOPS FP8 training per 8 GPUs (sparse) -> 4.5 PF dense FP8, 2.25 PF dense BF16 each [unverified]
@@ -159,6 +171,8 @@ GPUS: dict[str, GPU] = {
     ),
     "GB300": GPU(
         name="GB300 NVL72 (Blackwell Ultra, 288GB)",
+        fp8_tflops=5000.0,  # GB300 NVL72 datasheet: FP8/FP6 720 PFLOPS sparse for 72 GPUs -> 5 PF dense each [unverified]
+        fp4_tflops=15000.0,  # GB300 NVL72: FP4 1,080 PFLOPS dense for 72 GPUs -> 15 each [unverified]
         memory_bytes=288 * 10**9,  # GB300 NVL72 datasheet: up to 21 TB HBM3e for 72 GPUs = 288 GB each [unverified driver figure]
         bf16_tflops=2500.0,  # GB300 NVL72 datasheet: FP16/BF16 360 PFLOPS with sparsity for 72 GPUs -> 2.5 PF dense each
         hbm_gbps=8000.0,  # GB300 NVL72 datasheet: 576 TB/s HBM3e for 72 GPUs = 8 TB/s each

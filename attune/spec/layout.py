@@ -21,6 +21,11 @@ GRANULARITIES = ("none", "selective", "full")
 RECOMPUTE_METHODS = ("block", "uniform")
 PRECISIONS = ("bf16", "fp16")
 MOE_DISPATCHERS = ("alltoall", "allgather", "flex")  # Megatron-LM _add_moe_args --moe-token-dispatcher-type choices
+# Low precision (issue 22; attune.spec.precision): Megatron-LM 1dcf0daf transformer_config.py:434-526 Literal choices
+# of --fp8-format, --fp8-recipe (less 'custom': a user's quantizer factory, not modelled) and --fp4-format
+FP8_FORMATS = ("e4m3", "hybrid")
+FP8_RECIPES = ("tensorwise", "delayed", "mxfp8", "blockwise")
+FP4_FORMATS = ("e2m1",)
 
 
 def _positive(owner: str, **values) -> None:
@@ -156,6 +161,16 @@ class Layout:
     """Overlap the offloaded optimizer's copies with compute (``--overlap-cpu-optimizer-d2h-h2d``)."""
     precision: Precision = "bf16"
     """Training precision: bf16 or fp16 (``--bf16`` / ``--fp16``)."""
+    fp8_format: str | None = None
+    """fp8 GEMMs through Transformer Engine (``--fp8-format``: e4m3, or hybrid = e5m2 gradients); None: off.
+    Numerics, not layout (``attune.spec.precision``)."""
+    fp8_recipe: str = "delayed"
+    """fp8 scaling recipe (``--fp8-recipe``: delayed, tensorwise, blockwise, mxfp8 on Blackwell); read only with
+    ``fp8_format``."""
+    fp8_param_gather: bool = False
+    """Parameters kept in fp8 and all-gathered in fp8 (``--fp8-param-gather``; needs the distributed optimizer)."""
+    fp4_format: str | None = None
+    """NVFP4 GEMMs (``--fp4-format e2m1``, Blackwell); None: off."""
     overlap_grad_reduce: bool = False
     """Overlap the DP gradient reduce-scatter / all-reduce with backward (``--overlap-grad-reduce``); engines
     whose recipes always set it (Megatron-Bridge / NeMo) turn it on regardless."""
@@ -194,6 +209,14 @@ class Layout:
             raise LayoutError(f"recompute method '{self.recompute_method}'; allowed: {', '.join(RECOMPUTE_METHODS)}")
         if self.precision not in PRECISIONS:
             raise LayoutError(f"precision '{self.precision}'; allowed: {', '.join(PRECISIONS)}")
+        if self.fp8_format is not None and self.fp8_format not in FP8_FORMATS:
+            raise LayoutError(f"fp8 format '{self.fp8_format}'; allowed: {', '.join(FP8_FORMATS)}")
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise LayoutError(f"fp8 recipe '{self.fp8_recipe}' is not modelled; allowed: {', '.join(FP8_RECIPES)}")
+        if self.fp4_format is not None and self.fp4_format not in FP4_FORMATS:
+            raise LayoutError(f"fp4 format '{self.fp4_format}'; allowed: {', '.join(FP4_FORMATS)}")
+        if self.fp8_format is None and self.fp8_recipe != "delayed":
+            object.__setattr__(self, "fp8_recipe", "delayed")  # the recipe does nothing without --fp8-format
         if not 0.0 < self.offload_fraction <= 1.0:
             raise LayoutError(f"offload fraction {self.offload_fraction} must be in (0, 1]")
         if self.moe_dispatcher is not None and self.moe_dispatcher not in MOE_DISPATCHERS:
@@ -253,6 +276,11 @@ class Layout:
             parts.append(f"off{self.offload_fraction:g}")
         if self.mtp_layers:
             parts.append(f"MTP{self.mtp_layers}")
+        if self.fp4_format is not None:
+            parts.append("nvfp4")
+        elif self.fp8_format is not None:
+            parts.append(("mxfp8" if self.fp8_recipe == "mxfp8" else f"fp8-{self.fp8_recipe}")
+                         + ("-hybrid" if self.fp8_format == "hybrid" else "") + ("+pg" if self.fp8_param_gather else ""))
         if self.max_tokens_per_gpu:
             parts.append(f"mt{self.max_tokens_per_gpu}")
         elif self.micro_batch_size > 1:
@@ -286,6 +314,10 @@ class Layout:
             s += "-offload"
         if self.mtp_layers:
             s += f"-mtp{self.mtp_layers}"
+        if self.fp4_format is not None:
+            s += "-nvfp4"
+        elif self.fp8_format is not None:
+            s += "-" + ("mxfp8" if self.fp8_recipe == "mxfp8" else f"fp8{self.fp8_recipe}") + ("-pg" if self.fp8_param_gather else "")
         return s
 
     def to_dict(self) -> dict:

@@ -13,6 +13,7 @@ from .model import ModelSpec
 from .moe import moe_rules
 from .knobs import MLA_ONLY, MOE_ONLY, OFFLOAD_MODULES, RECOMPUTE_MODULES
 from .pipeline_layout import check_layout_string
+from .precision import precision_rules
 from .placement import stage_layer_counts, virtual_stage_counts
 
 
@@ -95,6 +96,7 @@ def check(layout: Layout, model: ModelSpec, world_size: int, workload: Workload,
     elif meth is not None or n is not None:
         e.append(f"recompute method/num-layers only apply to full recompute (granularity is {g})")
     e.extend(check_knobs(L, model, engine))
+    e.extend(precision_rules(L))
     if L.precision not in ("bf16", "fp16"):
         e.append(f"precision '{L.precision}'; allowed: bf16, fp16")
     if engine.forces_distributed_optimizer and not L.distributed_optimizer:

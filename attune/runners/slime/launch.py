@@ -46,6 +46,7 @@ from attune.recipe.target import recipe_target
 from attune.runners.ray.cluster import PATH_VARS, ClusterConfig
 from attune.spec.engine import get_engine
 from attune.spec.flags import table_describes, to_flags
+from attune.spec.precision import hardware_refusal, slime_env
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec
@@ -404,6 +405,9 @@ def _check_launchable(model: ModelSpec, cluster_spec: Cluster, layout: Layout, w
     if layout.precision != "bf16":
         raise LaunchError(f"precision {layout.precision}: slime trains in bf16 only (it sets bf16 = not fp16)")
     errs = check(layout, model, cluster_spec.world_size, workload, get_engine("slime"))
+    refused = hardware_refusal(layout, cluster_spec.gpu.generation, cluster_spec.gpu.is_cpu)
+    if refused:
+        errs.append(refused)
     if errs:
         raise LaunchError(f"layout {layout.label()} cannot run on slime: " + "; ".join(errs))
     if model.positions == "learned" and workload.seq_length > model.max_positions:
@@ -484,6 +488,7 @@ def slime_command(model: ModelSpec, cluster_spec: Cluster, layout: Layout, workl
     py = python or (cluster_cfg.python if cluster_cfg else "python3")
     nvlink = cluster_cfg.nvlink if cluster_cfg else "auto"
     env, setup = _launch_env(paths, nvlink, cluster_cfg, slug)
+    env.update(slime_env(layout))  # low precision (issue 22): blockwise fp8 wants fp32 block scales
     flags = (["--actor-num-nodes", str(cluster_spec.nodes), "--actor-num-gpus-per-node", str(cluster_spec.gpus_per_node)]
              + model_args(model) + _data_flags(model, paths, workload, steps) + _layout_flags(layout)
              + _optimizer_flags(workload) + _runtime_flags(slug, nvlink))

@@ -44,6 +44,7 @@ from pathlib import Path
 from attune.errors import UserInputError
 from attune.recipe.target import recipe_target
 from attune.runners.ray.cluster import PATH_VARS, ClusterConfig
+from attune.runners.shell import bash_c, ray_env_vars, word
 from attune.spec.engine import get_engine
 from attune.spec.flags import table_describes, to_flags
 from attune.spec.hardware import Cluster
@@ -115,8 +116,8 @@ class ShellText(str):
 
 
 def _q(value: str) -> str:
-    """One shell word for a value: ShellText as written, everything else shlex-quoted."""
-    return value.shell if isinstance(value, ShellText) else shlex.quote(str(value))
+    """One shell word for a value: ShellText as written, everything else quoted (attune.runners.shell.word)."""
+    return value.shell if isinstance(value, ShellText) else word(value)
 
 
 def _join(base: str, *parts: str) -> str:
@@ -334,20 +335,21 @@ class LaunchCommand:
 
     def ray_entrypoint(self) -> str:
         """The Ray job entrypoint: the script run by bash on the head node."""
-        return "bash -c " + shlex.quote(self.to_shell())
+        return bash_c(self.to_shell())
 
     def runtime_env(self) -> dict:
         """Ray runtime_env for the job: every env var Ray can express (actors do not inherit the driver's) and
         attune's package as py_modules (slime's actors inherit the job's runtime_env)."""
-        env: dict[str, str] = {}
+        literal: dict[str, str] = {}
+        expanded: dict[str, str] = {}
         for k, v in self.env.items():
             if isinstance(v, ShellText):
                 if v.ray is None:
                     continue  # computed on the node; reaches the training actors via --train-env-vars
-                env[k] = v.ray
+                expanded[k] = v.ray
             else:
-                env[k] = str(v)
-        out: dict = {"env_vars": env}
+                literal[k] = str(v)
+        out: dict = {"env_vars": ray_env_vars(literal, expanded)}
         if self.py_modules:
             out["py_modules"] = list(self.py_modules)
             out["excludes"] = list(PY_MODULES_EXCLUDES)

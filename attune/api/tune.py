@@ -24,6 +24,7 @@ from attune.reporting import build_recipe, recipe_path, write_csv, write_report
 from attune.runners.registry import get_runner, runner_capabilities
 from attune.search.records import records, study_counts
 from attune.search.space import load_space
+from attune.search.storage import check_url
 from attune.search.tuner import StudyError, TuneConfig, TuneOutcome, Tuner
 from attune.spec.baselines import baseline_layout
 from attune.spec.engine import get_engine
@@ -72,12 +73,15 @@ def tune_config(*, model: str, gpus: str, runner: str = "sim", trial_kind: str =
                 out: str | Path | None = None, slack: float = 0.8, timeout_s: float | None = None,
                 cluster_file: str | None = None, data: str | None = None, memory_headroom: float = 0.02,
                 heartbeat_interval_s: int | None = None, grace_period_s: int | None = None,
+                storage_timeout_s: float | None = None,
                 sampler: str = "model", recalibrate: bool = True, min_gain: float = 0.01, p_stop: float = 0.05,
                 budget_gpu_hours: float | None = None, measurements: str | Path | None = None) -> TuneConfig:
     """The session's configuration from typed arguments (the CLI's options, one to one). The runner's declared
     capabilities decide the engine, workload, search space, trial counts and baseline limits it needs."""
     name = runner_name_for(runner, trial_kind)
     caps = runner_capabilities(name)
+    if storage is not None:
+        check_url(storage)  # a malformed URL or a missing folder is exit 2 before any work
     m = load_model(model)
     cluster = parse_cluster(gpus, gpus_per_node, price)
     eng = get_engine(caps.engine or engine or DEFAULT_ENGINE)
@@ -106,8 +110,8 @@ def tune_config(*, model: str, gpus: str, runner: str = "sim", trial_kind: str =
     base, note = baseline_layout(m, cluster, wl, eng, **caps.baseline_limits())
     out_dir = Path(out) if out else default_out_dir(m.name, cluster.spec)
     _writable(out_dir)
-    extra = {k: v for k, v in (("heartbeat_interval_s", heartbeat_interval_s), ("grace_period_s", grace_period_s))
-             if v is not None}
+    extra = {k: v for k, v in (("heartbeat_interval_s", heartbeat_interval_s), ("grace_period_s", grace_period_s),
+                               ("storage_timeout_s", storage_timeout_s)) if v is not None}
     return TuneConfig(model=m, cluster=cluster, engine=eng, workload=wl, space=space, runner=run, baseline=base,
                       baseline_note=note, trials=trials or caps.default_trials,
                       candidates=candidates or caps.default_candidates, slack=slack, seed=seed,
@@ -236,7 +240,8 @@ def config_from_args(args) -> TuneConfig:
                        memory_headroom=args.memory_headroom, sampler=getattr(args, "sampler", "model"),
                        recalibrate=not getattr(args, "no_recalibrate", False), min_gain=getattr(args, "min_gain", 0.01),
                        p_stop=getattr(args, "p_stop", 0.05), budget_gpu_hours=getattr(args, "budget_gpu_hours", None),
-                       measurements=getattr(args, "measurements", None))
+                       measurements=getattr(args, "measurements", None),
+                       storage_timeout_s=getattr(args, "storage_timeout", None))
 
 
 def tune_from_args(args, progress: Progress | None = None) -> TuneResult:

@@ -12,10 +12,18 @@ import os
 import sys
 
 from attune.errors import AttuneError
+from attune.search.storage import mask_text
 
 from .parser import build_parser
 
 __all__ = ["main", "build_parser"]
+
+
+class _MaskingFormatter(logging.Formatter):
+    """Log lines with every URL's password masked (attune.search.storage.mask_text)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return mask_text(super().format(record))
 
 
 def _configure_logging(verbose: bool) -> None:
@@ -24,7 +32,7 @@ def _configure_logging(verbose: bool) -> None:
     root = logging.getLogger("attune")
     if not any(isinstance(h, RichHandler) for h in root.handlers):
         handler = RichHandler(show_time=False, show_path=False, markup=False, rich_tracebacks=False)
-        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.setFormatter(_MaskingFormatter("%(message)s"))
         root.addHandler(handler)
     root.setLevel(logging.DEBUG if verbose else logging.WARNING)  # progress has its own display
     root.propagate = False
@@ -49,6 +57,6 @@ def main(argv: list[str] | None = None) -> int:
     except AttuneError as e:
         if debug:
             raise
-        text = " ".join(str(e).split()) or type(e).__name__
+        text = mask_text(" ".join(str(e).split())) or type(e).__name__
         print(f"attune: error: {text}", file=sys.stderr)
         return e.exit_code

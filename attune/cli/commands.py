@@ -20,6 +20,7 @@ from attune.recipe import has_errors, lint, load_recipe, render
 from attune.runners.ray.cluster import load_cluster
 from attune.runners.slime.launch import command_for_recipe
 from attune.runners.slime.logparse import format_summary, parse_slime_log
+from attune.search.storage import mask_url
 from attune.spec.hardware import GPUS, detect_local_gpus
 from attune.spec.model import bundled_names, load_model
 
@@ -92,7 +93,7 @@ def cmd_tune(args) -> int:
     con = out.console()
     cfg = tune_api.config_from_args(args)
     con.print(f"attune tune: {cfg.model.name} on {cfg.cluster.spec}, runner {cfg.runner.name}, "
-              f"{cfg.trials} measured trials, study '{cfg.study_name}' in {cfg.storage}", highlight=False)
+              f"{cfg.trials} measured trials, study '{cfg.study_name}' in {mask_url(cfg.storage)}", highlight=False)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=con, transient=False) as prog:
         task = prog.add_task("measured trials", total=cfg.trials)
@@ -166,7 +167,7 @@ def cmd_slime_parse_log(args) -> int:
 
 
 def cmd_study_status(args) -> int:
-    st = study_api.study_status(args.storage, args.study, args.grace_period)
+    st = study_api.study_status(args.storage, args.study, args.grace_period, args.storage_timeout)
     if args.json:
         print(json.dumps(dataclasses.asdict(st), indent=2, default=str))
     else:

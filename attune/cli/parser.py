@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from attune.search.storage import CONNECT_TIMEOUT_S
 from attune.spec.engine import ENGINES as ENGINE_TABLE
 
 from . import commands as c
@@ -59,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--search-space", default=None, help="search space: a bundled name (dense, small) or a YAML path")
     s.add_argument("--seed", type=nonnegative_int, default=0, help="sampler seed")
     s.add_argument("--storage", default=None, help="Optuna storage URL (default: SQLite study.db in --out)")
+    s.add_argument("--storage-timeout", type=positive_float, default=CONNECT_TIMEOUT_S,
+                   help=f"database connection timeout, s (default {CONNECT_TIMEOUT_S:g})")
     s.add_argument("--study-name", default=None)
     s.add_argument("--out", default=None, help="output folder (default ./reports/<model>-<gpus>-<UTC date>/)")
     s.add_argument("--candidates", type=positive_int, default=None, help="proposals to estimate per measured trial")
@@ -152,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = rs.add_parser("status", help="workers seen, trials per state, best so far, stale trials, retries")
     s.add_argument("--storage", required=True, help="Optuna storage URL (postgresql://..., sqlite:///...) or .journal path")
     s.add_argument("--study", default=None, help="study name (default: the storage's only study)")
+    s.add_argument("--storage-timeout", type=positive_float, default=CONNECT_TIMEOUT_S,
+                   help=f"database connection timeout, s (default {CONNECT_TIMEOUT_S:g})")
     s.add_argument("--grace-period", type=positive_float, default=None,
                    help="heartbeat silence that makes a trial stale, s (default: the study's)")
     s.add_argument("--json", action="store_true")

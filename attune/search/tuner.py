@@ -51,7 +51,7 @@ from attune.search.records import (
     INTERRUPTED, KIND_DUP, KIND_EST, KIND_INVALID, KIND_LOST, KIND_OOM, KIND_RULE, KIND_SLOW, LOG_TAIL_CHARS, REASON_CHARS,
     ROLE_BASELINE, ROLE_CANDIDATE, TrialRecord, records)
 from attune.search.coordination import claim_key, contest, new_measured_trial, pending_retries, slots
-from attune.search.storage import BadStorageURL, StorageHandle, StorageUnavailable, mask_url, open_storage
+from attune.search.storage import CONNECT_TIMEOUT_S, BadStorageURL, StorageHandle, StorageUnavailable, mask_url, open_storage
 from attune.search.sampler import ModelGuidedSampler
 from attune.search.scoring import score_space
 from attune.search.space import SearchSpace, layout_key
@@ -146,6 +146,8 @@ class TuneConfig:
     grace_period_s: int = GRACE_PERIOD_S
     """Seconds without a heartbeat (or, for a trial without a role, since it started) after which a RUNNING
     trial is taken as left by a killed tuner and failed."""
+    storage_timeout_s: float = CONNECT_TIMEOUT_S
+    """Database connection timeout, seconds (also how long the first connection is retried)."""
 
     def __post_init__(self) -> None:
         if self.trials < 1:
@@ -285,7 +287,8 @@ class Tuner:
     def _open_storage(self):
         """The study storage (attune.search.storage: pool_pre_ping, transient errors retried with backoff)."""
         self._handle: StorageHandle = open_storage(self.cfg.storage, heartbeat_interval_s=self.cfg.heartbeat_interval_s,
-                                                   grace_period_s=self.cfg.grace_period_s)
+                                                   grace_period_s=self.cfg.grace_period_s,
+                                                   connect_timeout_s=self.cfg.storage_timeout_s)
         self._rdb = self._handle.rdb
         return self._handle.storage
 

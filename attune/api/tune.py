@@ -24,7 +24,8 @@ from attune.reporting import build_recipe, recipe_path, write_csv, write_report
 from attune.runners.registry import get_runner, runner_capabilities
 from attune.search.records import records, study_counts
 from attune.search.space import load_space
-from attune.search.storage import check_url
+from attune.api.outdir import check_out_dir, claim_out_dir
+from attune.search.storage import check_url, mask_url
 from attune.search.tuner import StudyError, TuneConfig, TuneOutcome, Tuner
 from attune.spec.baselines import baseline_layout
 from attune.spec.engine import get_engine
@@ -53,16 +54,6 @@ def runner_name_for(runner: str, trial_kind: str = "slime") -> str:
     if trial_kind == "torch" and caps.needs_cluster_file and caps.engine != "torch":
         return "ray-torch"
     return runner
-
-
-def _writable(out: Path) -> None:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise StudyError(f"output folder {out} is not writable ({e.strerror})") from None
 
 
 def tune_config(*, model: str, gpus: str, runner: str = "sim", trial_kind: str = "slime",
@@ -109,14 +100,17 @@ def tune_config(*, model: str, gpus: str, runner: str = "sim", trial_kind: str =
     run = get_runner(name, **opts)
     base, note = baseline_layout(m, cluster, wl, eng, **caps.baseline_limits())
     out_dir = Path(out) if out else default_out_dir(m.name, cluster.spec)
-    _writable(out_dir)
+    check_out_dir(out_dir)
+    name_of_study = study_name or f"{m.name}-{cluster.spec}-{runner}-{eng.name}-{space.name}"
+    claim_out_dir(out_dir, {"model": m.name, "gpus": cluster.spec, "runner": run.name, "engine": eng.name,
+                            "study_name": name_of_study, "storage": mask_url(storage) if storage else "study.db"})
     extra = {k: v for k, v in (("heartbeat_interval_s", heartbeat_interval_s), ("grace_period_s", grace_period_s),
                                ("storage_timeout_s", storage_timeout_s)) if v is not None}
     return TuneConfig(model=m, cluster=cluster, engine=eng, workload=wl, space=space, runner=run, baseline=base,
                       baseline_note=note, trials=trials or caps.default_trials,
                       candidates=candidates or caps.default_candidates, slack=slack, seed=seed,
                       storage=storage or f"sqlite:///{(out_dir / 'study.db').resolve()}",
-                      study_name=study_name or f"{m.name}-{cluster.spec}-{runner}-{eng.name}-{space.name}",
+                      study_name=name_of_study,
                       out_dir=out_dir, timeout_s=timeout_s, headroom=memory_headroom, data_path=data,
                       sampler=sampler, recalibrate=recalibrate, min_gain=min_gain, p_stop=p_stop,
                       budget_gpu_hours=budget_gpu_hours, **extra)

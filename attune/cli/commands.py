@@ -14,6 +14,7 @@ from attune.api import calibrate as calibrate_api
 from attune.api import study as study_api
 from attune.api import slime as slime_api
 from attune.api import tune as tune_api
+from attune.api.outdir import check_out_dir
 from attune.api.verify import verify as verify_recipe_file
 from attune.errors import UserInputError
 from attune.recipe import has_errors, lint, load_recipe, render
@@ -71,6 +72,8 @@ def cmd_gpus(args) -> int:
 
 
 def cmd_run(args) -> int:
+    if args.out is not None:
+        check_out_dir(args.out)  # before any work
     caps = api.runner_capabilities(args.runner)
     target = _target(args, steps=args.steps, base_workload=caps.default_workload,
                      max_tp=caps.max_tp, max_cp=caps.max_cp, engine=caps.engine)
@@ -116,8 +119,10 @@ def cmd_tune(args) -> int:
 def cmd_verify(args) -> int:
     outcome = verify_recipe_file(args.recipe, runner=args.runner, steps=args.steps, out_dir=args.out,
                                  negative_control=args.negative_control, reference=args.reference,
-                                 cluster_file=args.cluster, progress=print)
+                                 cluster_file=args.cluster, progress=print, in_place=args.in_place)
     print(f"{outcome.recipe_path}: status {outcome.status}; arms and losses in {outcome.out_dir}")
+    if outcome.in_place_refused:
+        print(f"attune verify: {outcome.source_path} {outcome.in_place_refused}", file=sys.stderr)
     if not outcome.passed:
         print(f"attune verify: {outcome.verdict.correctness_block()['summary']}", file=sys.stderr)
     return outcome.exit_code
@@ -177,6 +182,8 @@ def cmd_study_status(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
+    if args.out is not None:
+        check_out_dir(args.out)  # before any work
     outcome = calibrate_api.calibrate(args.corpus, do_fit=args.fit, out_dir=args.out)
     for line in out.calibration_lines(outcome):
         print(line)

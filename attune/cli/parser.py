@@ -114,7 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--steps", type=positive_int, default=20)
     s.add_argument("--negative-control", action="store_true")
     s.add_argument("--cluster", default=None)
-    s.add_argument("--out", default=None, help="output folder (default ./reports/verify/<stamp>/)")
+    s.add_argument("--out", default=None, help="output folder (default ./reports/verify/<stamp>/); the verdict's "
+                                               "recipe is written there as recipe.yaml")
+    s.add_argument("--in-place", action="store_true",
+                   help="rewrite the recipe file itself with the verdict (only after a measured verdict)")
     _common(s)
     s.set_defaults(func=c.cmd_verify)
 

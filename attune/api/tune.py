@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import shutil
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,6 +33,7 @@ from attune.spec.engine import get_engine
 from attune.spec.hardware import parse_cluster
 from attune.spec.layout import Workload
 from attune.spec.model import load_model
+from attune.torchmodels.data import load_rows
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,18 @@ def runner_name_for(runner: str, trial_kind: str = "slime") -> str:
     if trial_kind == "torch" and caps.needs_cluster_file and caps.engine != "torch":
         return "ray-torch"
     return runner
+
+
+def _check_data(path: str | Path, seq_length: int, vocab: int) -> None:
+    """--data readable as packed rows for the torch runner, else one line (exit 2)."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserInputError(f"--data {p}: no such file (packed rows: a parquet file from `attune data build`)")
+    try:
+        load_rows(str(p), 1, seq_length, vocab, 0)
+    except (ValueError, OSError, KeyError, TypeError, IndexError) as e:
+        raise UserInputError(f"--data {p}: not packed training rows ({' '.join(str(e).split())[:200]}); "
+                             f"build them with `attune data build`") from None
 
 
 def tune_config(*, model: str, gpus: str, runner: str = "sim", trial_kind: str = "slime",
@@ -97,6 +111,8 @@ def tune_config(*, model: str, gpus: str, runner: str = "sim", trial_kind: str =
         if not measurements:
             raise StudyError(f"the {runner} runner needs --measurements FILE (a CSV or YAML table; see the README)")
         opts.update(measurements=measurements, model=m, world_size=cluster.world_size)
+    if data is not None and name == "torch":
+        _check_data(data, wl.seq_length, m.vocab)  # before the first trial, not after four failed ones
     run = get_runner(name, **opts)
     base, note = baseline_layout(m, cluster, wl, eng, **caps.baseline_limits())
     out_dir = Path(out) if out else default_out_dir(m.name, cluster.spec)
@@ -166,10 +182,19 @@ class TuneResult:
 def _no_feasible(cfg: TuneConfig, outcome: TuneOutcome) -> NoFeasibleLayout:
     c = study_counts(outcome.study)
     cap = cfg.cluster.gpu.capacity_gib
-    short = [r.predicted_peak_gib - cap for r in records(outcome.study) if r.predicted_peak_gib is not None]
+    recs = records(outcome.study)
+    short = [r.predicted_peak_gib - cap for r in recs if r.predicted_peak_gib is not None]
+    failed = [r for r in recs if r.measured and r.outcome not in (None, "ok", "oom") and r.reason]
+    if failed and not any(r.measured and r.outcome == "oom" for r in recs):
+        # measured runs failed for a reason of their own (not in a replay table, a crash): say that, not memory
+        top, n = Counter(" ".join(r.reason.split())[:200] for r in failed).most_common(1)[0]
+        return NoFeasibleLayout(f"no measured trial of {cfg.model.name} on {cfg.cluster.spec} succeeded: "
+                                f"{len(failed)} failed, e.g. {top}" + (f" ({n} like it)" if n > 1 else ""))
     msg = f"no layout fits {cfg.cluster.spec} for {cfg.model.name}"
-    if short:
+    if short and min(short) > 0:
         msg += f" (smallest shortfall {min(short):.1f} GiB over {cap:.1f} GiB per GPU)"
+    elif short:
+        msg += f" within the memory headroom {100 * cfg.headroom:g}% of {cap:.1f} GiB per GPU"
     return NoFeasibleLayout(msg + f"; {c.estimated} candidates estimated")
 
 

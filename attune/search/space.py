@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import optuna
-import yaml
 
 from attune.errors import SearchSpaceError
 
@@ -28,6 +27,7 @@ from attune.spec.placement import stage_layer_counts
 from attune.spec.knobs import OFFLOAD_MODULES, RECOMPUTE_MODULES
 from attune.spec.pipeline_layout import layout_string
 from attune.spec.model import ModelSpec
+from attune.spec.textio import load_yaml, read_text
 
 # knob -> kind: "choice" (a list of values) or "int" ({low, high})
 KNOBS = {
@@ -443,19 +443,14 @@ def _space_text(name_or_path: str | Path | None) -> tuple[str, str]:
     p = Path(name)
     if not p.is_file():
         raise SearchSpaceError(f"{p}: no such search space file (bundled spaces: {', '.join(bundled_spaces())})")
-    return str(p), p.read_text()
+    return str(p), read_text(p, "search space file", SearchSpaceError)
 
 
 def load_space(path: str | Path | None = None) -> SearchSpace:
     """A search space: None is the default bundled space (`dense`), a bare name (`small`) a bundled one, anything
     else a path to a YAML file."""
     p, text = _space_text(path)
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise SearchSpaceError(f"{p}: malformed YAML{where}") from None
+    data = load_yaml(text, p, SearchSpaceError)
     if not isinstance(data, dict):
         raise SearchSpaceError(f"{p}: a search space must be a mapping with 'knobs' and 'fixed'")
     unknown = set(data) - {"name", "knobs", "fixed", "description"}

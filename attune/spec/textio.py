@@ -21,7 +21,7 @@ import yaml
 
 from attune.errors import UserInputError
 
-__all__ = ["read_text", "load_yaml", "finite", "MAX_TEXT_BYTES"]
+__all__ = ["read_text", "load_yaml", "finite", "MAX_TEXT_BYTES", "NoAliasLoader"]
 
 # The largest user file attune reads whole (recipes, cluster files, search spaces, replay tables are KiB; a
 # config.json of a large model ~10 KiB): anything larger is refused rather than read into memory.
@@ -50,7 +50,7 @@ def read_text(path: str | Path, what: str = "file", error: type[UserInputError] 
                     f"save it as UTF-8") from None
 
 
-class _NoAliasLoader(yaml.SafeLoader):
+class NoAliasLoader(yaml.SafeLoader):
     """SafeLoader that refuses every alias (``*name``) at composition, before any node is built."""
 
     def compose_node(self, parent, index):  # noqa: D401 - PyYAML's hook
@@ -64,7 +64,7 @@ class _NoAliasLoader(yaml.SafeLoader):
 def load_yaml(text: str, source: str = "<yaml>", error: type[UserInputError] = UserInputError) -> Any:
     """``yaml.safe_load`` without aliases; a parse error is ``error`` with one line and the line number."""
     try:
-        return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

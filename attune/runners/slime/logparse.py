@@ -139,6 +139,9 @@ _EXC_LINE_RE = re.compile(r"^(?P<exc>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Inte
                           r"(?:\([\w.]+\))?):?(?:\s|$)")
 # NCCL's banner with NCCL_DEBUG=INFO: "NCCL INFO NCCL version 2.28.9+cuda12.9" (the recipe's nccl source).
 _NCCL_RE = re.compile(r"NCCL version (?P<v>\d+\.\d+\.\d+)(?:\+cuda(?P<cuda>[\d.]+))?")
+# The longest metrics dict literal parsed, characters: slime's step lines print a few dozen scalars (~2 KB with
+# every timer); ast.literal_eval of a crafted, deeply nested or huge literal costs recursion and memory.
+MAX_DICT_LITERAL_CHARS = 64 * 1024
 # Tokens that ast.literal_eval cannot read but Python's float repr prints.
 _NONFINITE_RE = re.compile(r"(?<![\w'\"])(-?)(nan|inf)(?![\w'\"])")
 _PLACEHOLDER = "__attune_nonfinite__"
@@ -290,11 +293,14 @@ def _json_float(x: Any) -> Any:
 
 def parse_dict_literal(text: str) -> dict[str, Any]:
     """Parse a printed Python dict whose floats may be nan/inf/-inf; raises ValueError naming the text."""
+    if len(text) > MAX_DICT_LITERAL_CHARS:
+        raise ValueError(f"metrics dict literal of {len(text):,} characters is longer than the "
+                         f"{MAX_DICT_LITERAL_CHARS:,} a slime step line prints: {text[:60]!r}...")
     # literal_eval rejects bare nan/inf names: swap them for placeholder strings, parse, then map back.
     safe = _NONFINITE_RE.sub(lambda m: f"'{_PLACEHOLDER}{m.group(1)}{m.group(2)}'", text)
     try:
         value = ast.literal_eval(safe)
-    except (ValueError, SyntaxError) as exc:
+    except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError) as exc:
         raise ValueError(f"unparseable metrics dict literal: {text[:120]!r} ({exc.__class__.__name__})") from None
     if not isinstance(value, dict):
         raise ValueError(f"metrics literal is not a dict: {text[:120]!r}")

@@ -47,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "flags", None) and args.flags[0] == "--":
         args.flags = args.flags[1:]
+    if getattr(args, "flags", None) and not args.flags[0].startswith("-"):
+        print(f"attune: error: {args.flags[0][:60]!r} after -- is a value without a flag; give flags like "
+              f"--tensor-model-parallel-size 2", file=sys.stderr)
+        return 2
     debug = bool(getattr(args, "debug", False)) or os.environ.get("ATTUNE_DEBUG", "") not in ("", "0")
     _configure_logging(getattr(args, "verbose", False))
     try:

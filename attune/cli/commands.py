@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -28,6 +29,24 @@ from attune.spec.model import bundled_names, load_model
 from . import render as out
 
 
+def _finite(x):
+    """JSON has no NaN or Infinity: a non-finite float is written as null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def _json(value, indent: int = 2, default=None) -> str:
+    """Strict JSON of ``value`` (non-finite floats as null, never ``NaN`` / ``Infinity``)."""
+    if default is not None:
+        value = json.loads(json.dumps(value, default=default))
+    return json.dumps(_finite(value), indent=indent, allow_nan=False)
+
+
 def _target(args, **overrides) -> api.Target:
     kw = dict(model=args.model, gpus=args.gpus, gpus_per_node=args.gpus_per_node, price=args.price,
               engine=args.engine, seq=args.seq, global_batch=args.global_batch,
@@ -43,7 +62,7 @@ def cmd_estimate(args) -> int:
         d = est.to_dict()
         d["layout_source"] = target.source
         d["ignored_flags"] = list(target.ignored_flags)
-        print(json.dumps(d, indent=2))
+        print(_json(d, indent=2))
     else:
         out.print_estimate(est, target.source, target.ignored_flags)
         if getattr(args, "explain", False):
@@ -54,7 +73,7 @@ def cmd_estimate(args) -> int:
 def cmd_models(args) -> int:
     models = [load_model(n) for n in bundled_names()]
     if args.json:
-        print(json.dumps([m.summary() for m in models], indent=2))
+        print(_json([m.summary() for m in models], indent=2))
     else:
         out.console().print(out.models_table(models))
     return 0
@@ -63,7 +82,7 @@ def cmd_models(args) -> int:
 def cmd_gpus(args) -> int:
     local = detect_local_gpus()
     if args.json:
-        print(json.dumps({"gpus": [out.gpu_row(k, g) for k, g in GPUS.items()], "local": local}, indent=2))
+        print(_json({"gpus": [out.gpu_row(k, g) for k, g in GPUS.items()], "local": local}, indent=2))
     else:
         con = out.console()
         con.print(out.gpus_table(GPUS))
@@ -81,7 +100,7 @@ def cmd_run(args) -> int:
                            cluster_file=args.cluster)
     res = outcome.result
     if args.json:
-        print(json.dumps(res.to_dict(), indent=2, default=str))
+        print(_json(res.to_dict(), indent=2, default=str))
     else:
         print(out.format_run_result(res, target.layout, target.workload, target.source))
         print(f"output: {outcome.out_dir}")
@@ -151,7 +170,7 @@ def cmd_slime_command(args) -> int:
 def cmd_slime_preflight(args) -> int:
     report = slime_api.preflight(args.cluster, model=args.model)
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        print(_json(report.to_dict(), indent=2))
     else:
         out.console().print(out.preflight_table(report))
         if not report.ok:
@@ -167,14 +186,14 @@ def cmd_slime_parse_log(args) -> int:
     if a > b:
         raise UserInputError(f"--window {a} {b}: the first step must not be after the last")
     run = parse_slime_log(p.read_text(errors="replace"), gpus=args.gpus, window=(a, b))
-    print(json.dumps(run.to_dict(), indent=2) if args.json else format_summary(run))
+    print(_json(run.to_dict(), indent=2) if args.json else format_summary(run))
     return 0 if run.complete and not run.crash else 1
 
 
 def cmd_study_status(args) -> int:
     st = study_api.study_status(args.storage, args.study, args.grace_period, args.storage_timeout)
     if args.json:
-        print(json.dumps(dataclasses.asdict(st), indent=2, default=str))
+        print(_json(dataclasses.asdict(st), indent=2, default=str))
     else:
         for line in st.lines():
             print(line)
@@ -193,5 +212,5 @@ def cmd_calibrate(args) -> int:
 def cmd_data_build(args) -> int:
     stats = api.build_data(input_path=args.input, tokenizer=args.tokenizer, row_tokens=args.row_tokens,
                            seed=args.seed, max_rows=args.max_rows, out=args.out)
-    print(json.dumps(stats.to_dict(), indent=2))
+    print(_json(stats.to_dict(), indent=2))
     return 0

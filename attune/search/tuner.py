@@ -493,7 +493,9 @@ class Tuner:
             out.losses = {str(k): v for k, v in res.losses.items()} if res.losses else None
             out.extra = res.extra
             out.save(trial)
-            trial.set_constraint("memory_gib", min(est.memory.peak_gib - self._capacity, -1e-6))
+            # a real run proves its layout fits; a prediction (the sim runner) must fit within the headroom
+            margin = est.memory.peak_gib - (self._capacity if res.measured else self._usable)
+            trial.set_constraint("memory_gib", min(margin, -1e-6) if res.measured else margin)
             study.tell(trial, res.tokens_per_s_per_gpu)
         elif res.status == OOM:
             stage = res.oom_stage if res.oom_stage is not None else est.memory.peak_stage

@@ -36,6 +36,7 @@ $SFT_DATA, $PROFILE_DIR.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -135,6 +136,8 @@ def _num(x: float | int) -> str:
         raise LaunchError(f"expected a number, got {x!r}")
     if isinstance(x, int):
         return str(x)
+    if not math.isfinite(x):
+        raise LaunchError(f"expected a finite number, got {x!r}")
     if x == int(x) and abs(x) < 1e15:
         return str(int(x))
     s = repr(float(x))
@@ -394,6 +397,11 @@ def _check_launchable(model: ModelSpec, cluster_spec: Cluster, layout: Layout, w
     """Raise LaunchError (one line, what is allowed) for a combination slime cannot run."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise LaunchError(f"steps must be a positive integer (got {steps!r})")
+    for flag, v in (("--lr", workload.lr), ("--min-lr", workload.min_lr), ("--lr-warmup-fraction", workload.warmup_fraction),
+                    ("--weight-decay", workload.weight_decay), ("--adam-beta1", workload.adam_beta1),
+                    ("--adam-beta2", workload.adam_beta2)):
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            raise LaunchError(f"{flag} {v!r}: must be a finite number")
     a, b = workload.window
     if not 0 <= a <= b < steps:
         raise LaunchError(f"measurement window {a}..{b} must lie within the {steps} steps 0..{steps - 1}")

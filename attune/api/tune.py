@@ -23,6 +23,7 @@ from attune.errors import NoFeasibleLayout, UserInputError
 from attune.recipe import lint, write_recipe
 from attune.reporting import build_recipe, recipe_path, write_csv, write_report
 from attune.runners.registry import get_runner, runner_capabilities
+from attune.search.interrupt import fail_left_running
 from attune.search.records import records, study_counts
 from attune.search.space import load_space
 from attune.api.outdir import check_out_dir, claim_out_dir
@@ -212,7 +213,12 @@ def verify_winner(cfg: TuneConfig, recipe: dict, progress: Progress | None = Non
 def run_tuning(cfg: TuneConfig, *, verify: bool = True, save_recipe: bool = False,
                recipes_root: str | Path | None = None, progress: Progress | None = None) -> TuneResult:
     """Tune with a resolved configuration and write every output (see the module docstring)."""
-    outcome = Tuner(cfg, progress).run()
+    tuner = Tuner(cfg, progress)
+    try:
+        outcome = tuner.run()
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: leave no trial of this tuner RUNNING
+        fail_left_running(getattr(tuner, "study", None), tuner.asked)
+        raise
     csv_path = cfg.out_dir / "trials.csv"
     if outcome.best is None:
         write_csv(outcome.study, csv_path)
@@ -260,7 +266,9 @@ def config_from_args(args) -> TuneConfig:
                        recalibrate=not getattr(args, "no_recalibrate", False), min_gain=getattr(args, "min_gain", 0.01),
                        p_stop=getattr(args, "p_stop", 0.05), budget_gpu_hours=getattr(args, "budget_gpu_hours", None),
                        measurements=getattr(args, "measurements", None),
-                       storage_timeout_s=getattr(args, "storage_timeout", None))
+                       storage_timeout_s=getattr(args, "storage_timeout", None),
+                       heartbeat_interval_s=getattr(args, "heartbeat", None),
+                       grace_period_s=getattr(args, "grace_period", None))
 
 
 def tune_from_args(args, progress: Progress | None = None) -> TuneResult:

@@ -15,6 +15,7 @@ from attune.errors import AttuneError
 from attune.search.storage import mask_text
 
 from .parser import build_parser
+from .signals import TERMINATED_EXIT, Terminated, terminate_as_interrupt
 
 __all__ = ["main", "build_parser"]
 
@@ -54,7 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     debug = bool(getattr(args, "debug", False)) or os.environ.get("ATTUNE_DEBUG", "") not in ("", "0")
     _configure_logging(getattr(args, "verbose", False))
     try:
-        return int(args.func(args) or 0)
+        with terminate_as_interrupt():
+            return int(args.func(args) or 0)
+    except Terminated:
+        print("attune: terminated (SIGTERM); the running trial was stopped and marked interrupted", file=sys.stderr)
+        return TERMINATED_EXIT
     except KeyboardInterrupt:
         print("attune: interrupted", file=sys.stderr)
         return 130

@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--storage-timeout", type=positive_float, default=CONNECT_TIMEOUT_S,
                    help=f"database connection timeout, s (default {CONNECT_TIMEOUT_S:g})")
     s.add_argument("--study-name", default=None)
+    s.add_argument("--heartbeat", type=positive_int, default=None,
+                   help="seconds between a measured trial's heartbeats (default 5)")
+    s.add_argument("--grace-period", type=positive_int, default=None,
+                   help="heartbeat silence after which another tuner fails a trial as stale, s (default 20)")
     s.add_argument("--out", default=None, help="output folder (default ./reports/<model>-<gpus>-<UTC date>/)")
     s.add_argument("--candidates", type=positive_int, default=None, help="proposals to estimate per measured trial")
     s.add_argument("--slack", type=unit_interval, default=0.8,

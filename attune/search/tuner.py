@@ -282,6 +282,7 @@ class Tuner:
         self.shipped = cfg.coefficients if cfg.coefficients is not None else coefficients_for(cfg.cluster.gpu)
         self.model_sampler: ModelGuidedSampler | None = None
         self._proposal_fields: dict = {}
+        self.asked: list[int] = []
 
     # ------------------------------------------------------------------ study
     def _open_storage(self):
@@ -369,7 +370,9 @@ class Tuner:
 
     def _ask(self, dists: dict | None = None) -> optuna.Trial:
         with _quiet_optuna():
-            return self.study.ask(dists)
+            t = self.study.ask(dists)
+        self.asked.append(t.number)  # failed if the tuner is interrupted before telling it (search.interrupt)
+        return t
 
     # ------------------------------------------------------------------ state read back from the study
     def measured(self, complete_only: bool = False) -> list[TrialRecord]:

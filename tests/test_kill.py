@@ -84,7 +84,7 @@ def _wait_training(tuner: subprocess.Popen, timeout_s: float = 240.0) -> list[ps
         if len(w) >= 2 and min(time.time() - p.create_time() for p in w) > 1.0:
             procs = root.children(recursive=True)
             cmds = " ".join(" ".join(p.cmdline()) for p in procs if _alive(p))
-            if "attune.runners.supervise" in cmds and "torch.distributed.run" in cmds and len(procs) >= 4:
+            if "torch.distributed.run" in cmds and len(procs) >= 3:
                 return procs
         time.sleep(0.1)
     raise AssertionError("no trial started training")
@@ -93,7 +93,7 @@ def _wait_training(tuner: subprocess.Popen, timeout_s: float = 240.0) -> list[ps
 def _kill_and_watch(tuner: subprocess.Popen, sig: int, rerun_args: tuple) -> tuple[float, subprocess.Popen]:
     """Kill the tuner mid-trial, start the rerun at once; returns (seconds until the trial's last process
     was gone, the rerun)."""
-    procs = _wait_training(tuner)  # supervisor, torchrun, 2 workers
+    procs = _wait_training(tuner)  # (supervisor,) torchrun, 2 workers
     t_kill = time.monotonic()
     os.kill(tuner.pid, sig)
     rerun = _tune(*rerun_args)
@@ -134,6 +134,7 @@ def test_killed_tuner_leaves_no_training_and_loses_nothing(sig, tmp_path):
         t_gone, rerun = _kill_and_watch(tuner, sig, (out, locks, tmp_path / "rerun.log"))
         rc = tuner.wait(timeout=30)
         first = (tmp_path / "first.log").read_text()
+        print(f"{sig.name}: the trial's last process was gone {t_gone:.2f} s after the kill")
         assert t_gone <= DEAD_AFTER_S, f"the trial's processes lived {t_gone:.2f} s after {sig.name}"
         if sig == signal.SIGTERM:
             assert rc == 143 and "terminated" in first and "Traceback" not in first, first[-2000:]

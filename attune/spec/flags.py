@@ -329,7 +329,10 @@ def flag_parser() -> argparse.ArgumentParser:
 
 def _words(argv: list[str] | str) -> list[str]:
     if isinstance(argv, str):
-        return shlex.split(argv.replace("\\\n", " "))
+        try:
+            return shlex.split(argv.replace("\\\n", " "))
+        except ValueError as e:  # an unclosed quote
+            raise FlagError(f"flags {argv[:60]!r}: {e} (quote values the way a shell does)") from None
     return [str(w) for w in argv]
 
 

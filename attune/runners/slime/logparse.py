@@ -302,8 +302,8 @@ def parse_dict_literal(text: str) -> dict[str, Any]:
         value = ast.literal_eval(safe)
     except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError) as exc:
         raise ValueError(f"unparseable metrics dict literal: {text[:120]!r} ({exc.__class__.__name__})") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"metrics literal is not a dict: {text[:120]!r}")
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ValueError(f"metrics literal is not a dict of names: {text[:120]!r}")
     return {k: _NONFINITE.get(v, v) if isinstance(v, str) else v for k, v in value.items()}
 
 

@@ -185,7 +185,11 @@ def cmd_slime_parse_log(args) -> int:
     a, b = args.window
     if a > b:
         raise UserInputError(f"--window {a} {b}: the first step must not be after the last")
-    run = parse_slime_log(p.read_text(errors="replace"), gpus=args.gpus, window=(a, b))
+    try:
+        with open(p, encoding="utf-8", errors="replace") as f:  # streamed: memory does not grow with the log
+            run = parse_slime_log(f, gpus=args.gpus, window=(a, b))
+    except OSError as e:
+        raise UserInputError(f"{args.log}: cannot read the log ({e.strerror})") from None
     print(_json(run.to_dict(), indent=2) if args.json else format_summary(run))
     return 0 if run.complete and not run.crash else 1
 

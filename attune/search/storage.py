@@ -230,10 +230,14 @@ class _RetryingBase(BaseStorage):
             log.warning("study storage %s: %s; retrying in %.1f s", self._url,
                         _first_line(state.outcome.exception()), state.next_action.sleep)
 
+        backoff = wait_exponential(multiplier=RETRY_FIRST_WAIT_S, max=max_wait_s)
+
+        def wait(state) -> float:  # never sleep past the budget: a 10 s budget ends at ~10 s, not at 16
+            return max(0.0, min(backoff(state), self._retry_s - (state.seconds_since_start or 0.0) + 0.05))
+
         try:
             for attempt in Retrying(retry=retry_if_exception(is_transient), reraise=False,
-                                    stop=stop_after_delay(self._retry_s), before_sleep=_log,
-                                    wait=wait_exponential(multiplier=RETRY_FIRST_WAIT_S, max=max_wait_s)):
+                                    stop=stop_after_delay(self._retry_s), before_sleep=_log, wait=wait):
                 with attempt:
                     out = fn(*args, **kwargs)
                     if failed:

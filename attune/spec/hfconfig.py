@@ -120,8 +120,9 @@ def _one_line(e: ValidationError) -> str:
     return f"field '{loc}': {msg}{shown}{more}" if loc else f"{msg}{more}"
 
 
-def check_hf_config(cfg: Any, where: str) -> None:
-    """Raise ModelError (one line) when ``cfg`` is not a config.json attune can read safely."""
+def check_hf_config(cfg: Any, where: str) -> dict:
+    """``cfg`` without its null fields (HF writes ``"head_dim": null`` for "the default"), or ModelError (one
+    line) when it is not a config.json attune can read safely."""
     if not isinstance(cfg, dict):
         raise ModelError(f"{where}: config.json must be a JSON object")
     try:
@@ -130,3 +131,7 @@ def check_hf_config(cfg: Any, where: str) -> None:
         raise ModelError(f"{where}: config.json {_one_line(e)}") from None
     except RecursionError:
         raise ModelError(f"{where}: config.json is nested too deeply") from None
+    out = {k: v for k, v in cfg.items() if v is not None}
+    if isinstance(out.get("text_config"), dict):
+        out["text_config"] = {k: v for k, v in out["text_config"].items() if v is not None}
+    return out

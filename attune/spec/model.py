@@ -435,7 +435,7 @@ def _need(cfg: dict, key: str, where: str):
 def from_hf_config(cfg: dict, name: str = "model", where: str | None = None) -> ModelSpec:
     """Build a ModelSpec from a parsed Hugging Face config.json."""
     where = where or name
-    check_hf_config(cfg, where)  # types and ranges of every field read below (attune.spec.hfconfig)
+    cfg = check_hf_config(cfg, where)  # types and ranges of every field read below; null fields dropped
     outer_type = cfg.get("model_type")
     src = cfg.get("_attune_source", "")
     if "text_config" in cfg and isinstance(cfg["text_config"], dict):

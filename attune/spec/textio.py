@@ -69,7 +69,7 @@ def load_yaml(text: str, source: str = "<yaml>", error: type[UserInputError] = U
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or e.__class__.__name__
-        raise error(f"{source}: not valid YAML{where} ({' '.join(str(problem).split())})") from None
+        raise error(f"{source}: malformed YAML{where} ({' '.join(str(problem).split())})") from None
     except RecursionError:
         raise error(f"{source}: YAML nested too deeply") from None
 

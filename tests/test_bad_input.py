@@ -174,6 +174,9 @@ CASES = {
     "data-input-not-utf8": (lambda d: ["data", "build", "--input", write(d, "c.jsonl", b'{"messages": "\xff"}\n'),
                                        "--tokenizer", write(d, "tokenizer.json", "{}"),
                                        "--out", str(d / "rows.parquet")], 2, "data build"),
+    "data-out-is-folder": (lambda d: ["data", "build", "--input", write(d, "c.jsonl", '{"messages": []}\n'),
+                                      "--tokenizer", write(d, "tokenizer.json", "{}"), "--out", str(d)],
+                           2, "is a folder"),
     # ---------------------------------------------------------------- --out folders
     "run-out-is-file": (lambda d: ["run", "--runner", "torch", "--model", "tiny-llama", "--gpus", "2xcpu", "--out",
                                    write(d, "f", "x")], 2, "is a file"),

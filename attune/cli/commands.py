@@ -214,6 +214,10 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_data_build(args) -> int:
+    target = Path(args.out)  # checked before any work: a file in a writable folder
+    if target.is_dir():
+        raise UserInputError(f"--out {target}: is a folder; name the parquet file to write")
+    check_out_dir(target.parent if str(target.parent) else ".", what="--out's folder")
     stats = api.build_data(input_path=args.input, tokenizer=args.tokenizer, row_tokens=args.row_tokens,
                            seed=args.seed, max_rows=args.max_rows, out=args.out)
     print(_json(stats.to_dict(), indent=2))

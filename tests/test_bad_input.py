@@ -277,3 +277,18 @@ def test_replay_table_without_the_proposed_layouts_says_not_in_the_table(tmp_pat
     rc = main(argv)
     err = capsys.readouterr().err.strip()
     assert rc == 1 and "not in the table" in err and "shortfall" not in err, err
+
+
+def test_default_out_folder_of_another_study_is_not_overwritten(tmp_path, monkeypatch, capsys):
+    """Without --out a second study of the same day goes to <default>-2; the first study's folder resumes."""
+    monkeypatch.chdir(tmp_path)
+    base = ["tune", "--model", "tiny-llama", "--gpus", "8xH200", "--trials", "1"]
+    assert main(base) == 0
+    (first,) = (tmp_path / "reports").iterdir()
+    recipe = (first / "recipe.yaml").read_bytes()
+    assert main(base + ["--search-space", SMALL]) == 0
+    second = first.with_name(first.name + "-2")
+    assert (second / "recipe.yaml").is_file() and (first / "recipe.yaml").read_bytes() == recipe
+    assert main(base) == 0  # the same study again: resumed in its own folder
+    assert sorted(p.name for p in (tmp_path / "reports").iterdir()) == [first.name, second.name]
+    capsys.readouterr()

@@ -26,7 +26,7 @@ from attune.runners.registry import get_runner, runner_capabilities
 from attune.search.interrupt import fail_left_running
 from attune.search.records import records, study_counts
 from attune.search.space import load_space
-from attune.api.outdir import check_out_dir, claim_out_dir
+from attune.api.outdir import OutDirError, check_out_dir, claim_out_dir
 from attune.search.storage import check_url, mask_url
 from attune.search.tuner import StudyError, TuneConfig, TuneOutcome, Tuner
 from attune.spec.baselines import baseline_layout
@@ -119,8 +119,18 @@ def tune_config(*, model: str, gpus: str, runner: str = "sim", trial_kind: str =
     out_dir = Path(out) if out else default_out_dir(m.name, cluster.spec)
     check_out_dir(out_dir)
     name_of_study = study_name or f"{m.name}-{cluster.spec}-{runner}-{eng.name}-{space.name}"
-    claim_out_dir(out_dir, {"model": m.name, "gpus": cluster.spec, "runner": run.name, "engine": eng.name,
-                            "study_name": name_of_study, "storage": mask_url(storage) if storage else "study.db"})
+    identity = {"model": m.name, "gpus": cluster.spec, "runner": run.name, "engine": eng.name,
+                "study_name": name_of_study, "storage": mask_url(storage) if storage else "study.db"}
+    for n in range(2, 100):
+        try:
+            claim_out_dir(out_dir, identity)
+            break
+        except OutDirError:
+            if out:  # a folder the user named: refused with one line
+                raise
+            # the default folder holds another study of today: the next free one (<default>-2, -3, ...)
+            out_dir = check_out_dir(default_out_dir(m.name, cluster.spec).with_name(
+                f"{default_out_dir(m.name, cluster.spec).name}-{n}"))
     extra = {k: v for k, v in (("heartbeat_interval_s", heartbeat_interval_s), ("grace_period_s", grace_period_s),
                                ("storage_timeout_s", storage_timeout_s)) if v is not None}
     return TuneConfig(model=m, cluster=cluster, engine=eng, workload=wl, space=space, runner=run, baseline=base,

@@ -575,7 +575,7 @@ def test_cluster_file_missing_and_bad_yaml(tmp_path):
         load_cluster(tmp_path / "nope.yaml")
     p = tmp_path / "bad.yaml"
     p.write_text("ray: [unclosed\n")
-    with pytest.raises(ClusterFileError, match="not valid YAML"):
+    with pytest.raises(ClusterFileError, match="malformed YAML"):
         load_cluster(p)
 
 

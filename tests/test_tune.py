@@ -269,15 +269,19 @@ def test_journal_storage_and_study_mismatch(tmp_path, capsys):
                  "--trials", "2", "--storage", str(journal), "--study-name", "shared", "--search-space", SMALL]) == 0
     assert journal.stat().st_size > 0
     # the same study name for another model is refused, naming what differs
-    rc = main(["tune", "--model", "Llama-3.1-8B", "--gpus", "8xH200", "--out", str(out),
+    rc = main(["tune", "--model", "Llama-3.1-8B", "--gpus", "8xH200", "--out", str(tmp_path / "j2"),
                "--trials", "2", "--storage", str(journal), "--study-name", "shared", "--search-space", SMALL])
     assert rc == 2 and "created for model='Qwen3.6-27B'" in capsys.readouterr().err
+    # and its --out folder, holding the other study's files, is refused before any work
+    rc = main(["tune", "--model", "Llama-3.1-8B", "--gpus", "8xH200", "--out", str(out),
+               "--trials", "2", "--storage", str(journal), "--study-name", "shared", "--search-space", SMALL])
+    assert rc == 2 and "holds the files of study 'shared' (Qwen3.6-27B" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv,needle", [
     (["--model", "Qwen3.6-27B", "--gpus", "8xH200", "--search-space", "/nonexistent/space.yaml"], "no such search space"),
     (["--model", "Qwen3.6-27B", "--gpus", "8xZ900"], "unknown GPU type"),
-    (["--model", "Qwen3.6-27B", "--gpus", "8xH200", "--out", "/proc/attune-cannot-write"], "not writable"),
+    (["--model", "Qwen3.6-27B", "--gpus", "8xH200", "--out", "/proc/attune-cannot-write"], "cannot write there"),
 ])
 def test_tune_bad_input(argv, needle, capsys):
     assert main(["tune", *argv]) == 2

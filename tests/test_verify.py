@@ -119,9 +119,12 @@ def test_pipeline_reports_a_drifting_candidate_and_a_blind_check(tmp_path):
 def test_api_verify_writes_recipe_and_evidence_under_out_dir(tmp_path, monkeypatch):
     path = tmp_path / "recipe.yaml"
     write_recipe(make_recipe(), path)
+    before = path.read_bytes()
     out = verify(path, runner=ScriptedRunner(), steps=12, out_dir=tmp_path / "out", negative_control=True)
     assert out.status == "verified" and out.exit_code == 0 and out.out_dir == tmp_path / "out"
-    r = load_recipe(path)
+    assert path.read_bytes() == before  # a file attune did not create is not rewritten without in_place
+    assert out.recipe_path == tmp_path / "out" / "recipe.yaml"
+    r = load_recipe(out.recipe_path)
     assert r["status"] == "verified" and r["correctness"] == out.verdict.correctness_block()
     assert len(r["correctness"]["negative_controls"]) == 3 and out.sidecar_path is None
     record = json.loads((out.out_dir / "verify.json").read_text())
@@ -131,9 +134,10 @@ def test_api_verify_writes_recipe_and_evidence_under_out_dir(tmp_path, monkeypat
         out.verdict.arms["candidate"].result.losses[11])
     # without out_dir: reports/verify/<recipe stem>-<UTC stamp>/ under the working directory
     monkeypatch.chdir(tmp_path)
-    again = verify(path, runner=ScriptedRunner(candidate_shift=0.2), steps=12)
+    again = verify(path, runner=ScriptedRunner(candidate_shift=0.2), steps=12, in_place=True)
     assert again.out_dir.parent == tmp_path / "reports" / "verify" and again.out_dir.name.startswith("recipe-")
-    assert again.exit_code == 1 and load_recipe(path)["status"] == "failed"
+    # a measured failure with in_place rewrites the file (the arms trained and were compared)
+    assert again.exit_code == 1 and load_recipe(path)["status"] == "failed" and not again.in_place_refused
     assert default_out_dir(path).parent == again.out_dir.parent
 
 
@@ -162,7 +166,7 @@ def verified(tmp_path_factory):
     write_recipe(make_recipe(), path)
     lines: list[str] = []
     outcome = verify(path, steps=20, negative_control=True, out_dir=d / "out", progress=lines.append)
-    return outcome, load_recipe(path), path, lines
+    return outcome, load_recipe(outcome.recipe_path), outcome.recipe_path, lines
 
 
 @pytest.mark.slow
@@ -214,10 +218,15 @@ def test_layout_breaking_a_rule_fails_configuration(tmp_path, capsys, monkeypatc
     path = tmp_path / "bad.yaml"
     write_recipe(r, path)
     monkeypatch.chdir(tmp_path)  # the CLI's default work folder is ./reports/verify/<stem>-<stamp>/
+    before = path.read_bytes()
     assert main(["verify", str(path)]) == 1
-    assert load_recipe(path)["status"] == "failed"
     assert "configuration check" in capsys.readouterr().err
     (work,) = (tmp_path / "reports" / "verify").iterdir()
+    assert load_recipe(work / "recipe.yaml")["status"] == "failed"
+    # not a measured failure: even --in-place leaves the file byte-identical
+    assert main(["verify", str(path), "--in-place", "--out", str(tmp_path / "w2")]) == 1
+    assert path.read_bytes() == before
+    assert "not rewritten in place" in capsys.readouterr().err
     assert work.name.startswith("bad-") and json.loads((work / "verify.json").read_text())["status"] == "failed"
 
 

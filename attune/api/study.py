@@ -18,7 +18,7 @@ import sqlalchemy
 from attune.errors import UserInputError
 from attune.search.coordination import pending_retries
 from attune.search.records import TrialRecord, records
-from attune.search.storage import StorageHandle, open_storage
+from attune.search.storage import CONNECT_TIMEOUT_S, StorageHandle, open_storage
 from attune.search.tuner import GRACE_PERIOD_S
 
 __all__ = ["WorkerSeen", "StaleTrial", "StudyStatus", "study_status"]
@@ -135,10 +135,11 @@ def _heartbeat_ages(h: StorageHandle, study_id: int) -> dict[int, float]:
     return {int(n): (now - _when(hb)).total_seconds() for n, hb in rows}
 
 
-def study_status(storage: str, study: str | None = None, grace_period_s: float | None = None) -> StudyStatus:
+def study_status(storage: str, study: str | None = None, grace_period_s: float | None = None,
+                 connect_timeout_s: float = CONNECT_TIMEOUT_S) -> StudyStatus:
     """The status of ``study`` in ``storage`` (an RDB URL or a .journal path). ``study`` may be omitted when
     the storage holds one study. ``grace_period_s``: default the one the study's tuners recorded."""
-    h = open_storage(storage)
+    h = open_storage(storage, must_exist=True, connect_timeout_s=connect_timeout_s)  # never creates a database
     names = [s.study_name for s in optuna.get_all_study_summaries(h.storage, include_best_trial=False)]
     if study is None:
         if len(names) != 1:

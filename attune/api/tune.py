@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import shutil
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,8 +26,11 @@ from attune.reporting import build_recipe, recipe_path, write_csv, write_report
 from attune.reporting.precision_recipe import low_precision_recipe
 from attune.runners.registry import get_runner, runner_capabilities
 from attune.search.precision_search import PrecisionComparison, allowed_recipes, compare
+from attune.search.interrupt import fail_left_running
 from attune.search.records import records, study_counts
 from attune.search.space import load_space
+from attune.api.outdir import OutDirError, check_out_dir, claim_out_dir
+from attune.search.storage import check_url, mask_url
 from attune.search.tuner import StudyError, TuneConfig, TuneOutcome, Tuner
 from attune.spec.baselines import baseline_layout
 from attune.spec.engine import get_engine
@@ -34,6 +38,7 @@ from attune.spec.hardware import parse_cluster
 from attune.spec.layout import Workload
 from attune.spec.precision import recipe_of
 from attune.spec.model import load_model
+from attune.torchmodels.data import load_rows
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +63,16 @@ def runner_name_for(runner: str, trial_kind: str = "slime") -> str:
     return runner
 
 
-def _writable(out: Path) -> None:
+def _check_data(path: str | Path, seq_length: int, vocab: int) -> None:
+    """--data readable as packed rows for the torch runner, else one line (exit 2)."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserInputError(f"--data {p}: no such file (packed rows: a parquet file from `attune data build`)")
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise StudyError(f"output folder {out} is not writable ({e.strerror})") from None
+        load_rows(str(p), 1, seq_length, vocab, 0)
+    except (ValueError, OSError, KeyError, TypeError, IndexError) as e:
+        raise UserInputError(f"--data {p}: not packed training rows ({' '.join(str(e).split())[:200]}); "
+                             f"build them with `attune data build`") from None
 
 
 def tune_config(*, model: str, gpus: str, runner: str = "sim", trial_kind: str = "slime",
@@ -76,12 +83,15 @@ def tune_config(*, model: str, gpus: str, runner: str = "sim", trial_kind: str =
                 out: str | Path | None = None, slack: float = 0.8, timeout_s: float | None = None,
                 cluster_file: str | None = None, data: str | None = None, memory_headroom: float = 0.02,
                 heartbeat_interval_s: int | None = None, grace_period_s: int | None = None,
+                storage_timeout_s: float | None = None,
                 sampler: str = "model", recalibrate: bool = True, min_gain: float = 0.01, p_stop: float = 0.05,
                 budget_gpu_hours: float | None = None, measurements: str | Path | None = None) -> TuneConfig:
     """The session's configuration from typed arguments (the CLI's options, one to one). The runner's declared
     capabilities decide the engine, workload, search space, trial counts and baseline limits it needs."""
     name = runner_name_for(runner, trial_kind)
     caps = runner_capabilities(name)
+    if storage is not None:
+        check_url(storage)  # a malformed URL or a missing folder is exit 2 before any work
     m = load_model(model)
     cluster = parse_cluster(gpus, gpus_per_node, price)
     eng = get_engine(caps.engine or engine or DEFAULT_ENGINE)
@@ -109,17 +119,32 @@ def tune_config(*, model: str, gpus: str, runner: str = "sim", trial_kind: str =
         if not measurements:
             raise StudyError(f"the {runner} runner needs --measurements FILE (a CSV or YAML table; see the README)")
         opts.update(measurements=measurements, model=m, world_size=cluster.world_size)
+    if data is not None and name == "torch":
+        _check_data(data, wl.seq_length, m.vocab)  # before the first trial, not after four failed ones
     run = get_runner(name, **opts)
     base, note = baseline_layout(m, cluster, wl, eng, **caps.baseline_limits())
     out_dir = Path(out) if out else default_out_dir(m.name, cluster.spec)
-    _writable(out_dir)
-    extra = {k: v for k, v in (("heartbeat_interval_s", heartbeat_interval_s), ("grace_period_s", grace_period_s))
-             if v is not None}
+    check_out_dir(out_dir)
+    name_of_study = study_name or f"{m.name}-{cluster.spec}-{runner}-{eng.name}-{space.name}"
+    identity = {"model": m.name, "gpus": cluster.spec, "runner": run.name, "engine": eng.name,
+                "study_name": name_of_study, "storage": mask_url(storage) if storage else "study.db"}
+    for n in range(2, 100):
+        try:
+            claim_out_dir(out_dir, identity)
+            break
+        except OutDirError:
+            if out:  # a folder the user named: refused with one line
+                raise
+            # the default folder holds another study of today: the next free one (<default>-2, -3, ...)
+            out_dir = check_out_dir(default_out_dir(m.name, cluster.spec).with_name(
+                f"{default_out_dir(m.name, cluster.spec).name}-{n}"))
+    extra = {k: v for k, v in (("heartbeat_interval_s", heartbeat_interval_s), ("grace_period_s", grace_period_s),
+                               ("storage_timeout_s", storage_timeout_s)) if v is not None}
     return TuneConfig(model=m, cluster=cluster, engine=eng, workload=wl, space=space, runner=run, baseline=base,
                       baseline_note=note, workload_note=workload_note, trials=trials or caps.default_trials,
                       candidates=candidates or caps.default_candidates, slack=slack, seed=seed,
                       storage=storage or f"sqlite:///{(out_dir / 'study.db').resolve()}",
-                      study_name=study_name or f"{m.name}-{cluster.spec}-{runner}-{eng.name}-{space.name}",
+                      study_name=name_of_study,
                       out_dir=out_dir, timeout_s=timeout_s, headroom=memory_headroom, data_path=data,
                       sampler=sampler, recalibrate=recalibrate, min_gain=min_gain, p_stop=p_stop,
                       budget_gpu_hours=budget_gpu_hours, **extra)
@@ -184,10 +209,19 @@ class TuneResult:
 def _no_feasible(cfg: TuneConfig, outcome: TuneOutcome) -> NoFeasibleLayout:
     c = study_counts(outcome.study)
     cap = cfg.cluster.gpu.capacity_gib
-    short = [r.predicted_peak_gib - cap for r in records(outcome.study) if r.predicted_peak_gib is not None]
+    recs = records(outcome.study)
+    short = [r.predicted_peak_gib - cap for r in recs if r.predicted_peak_gib is not None]
+    failed = [r for r in recs if r.measured and r.outcome not in (None, "ok", "oom") and r.reason]
+    if failed and not any(r.measured and r.outcome == "oom" for r in recs):
+        # measured runs failed for a reason of their own (not in a replay table, a crash): say that, not memory
+        top, n = Counter(" ".join(r.reason.split())[:200] for r in failed).most_common(1)[0]
+        return NoFeasibleLayout(f"no measured trial of {cfg.model.name} on {cfg.cluster.spec} succeeded: "
+                                f"{len(failed)} failed, e.g. {top}" + (f" ({n} like it)" if n > 1 else ""))
     msg = f"no layout fits {cfg.cluster.spec} for {cfg.model.name}"
-    if short:
+    if short and min(short) > 0:
         msg += f" (smallest shortfall {min(short):.1f} GiB over {cap:.1f} GiB per GPU)"
+    elif short:
+        msg += f" within the memory headroom {100 * cfg.headroom:g}% of {cap:.1f} GiB per GPU"
     return NoFeasibleLayout(msg + f"; {c.estimated} candidates estimated")
 
 
@@ -208,7 +242,12 @@ def run_tuning(cfg: TuneConfig, *, verify: bool = True, save_recipe: bool = Fals
     """Tune with a resolved configuration and write every output (see the module docstring). ``allow_numerics``
     (``fp8`` or recipes): also price the space in low precision and report it beside the bf16 best."""
     recipes = allowed_recipes(allow_numerics)
-    outcome = Tuner(cfg, progress).run()
+    tuner = Tuner(cfg, progress)
+    try:
+        outcome = tuner.run()
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: leave no trial of this tuner RUNNING
+        fail_left_running(getattr(tuner, "study", None), tuner.asked)
+        raise
     csv_path = cfg.out_dir / "trials.csv"
     if outcome.best is None:
         write_csv(outcome.study, csv_path)
@@ -268,7 +307,10 @@ def config_from_args(args) -> TuneConfig:
                        memory_headroom=args.memory_headroom, sampler=getattr(args, "sampler", "model"),
                        recalibrate=not getattr(args, "no_recalibrate", False), min_gain=getattr(args, "min_gain", 0.01),
                        p_stop=getattr(args, "p_stop", 0.05), budget_gpu_hours=getattr(args, "budget_gpu_hours", None),
-                       measurements=getattr(args, "measurements", None))
+                       measurements=getattr(args, "measurements", None),
+                       storage_timeout_s=getattr(args, "storage_timeout", None),
+                       heartbeat_interval_s=getattr(args, "heartbeat", None),
+                       grace_period_s=getattr(args, "grace_period", None))
 
 
 def tune_from_args(args, progress: Progress | None = None) -> TuneResult:

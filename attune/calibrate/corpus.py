@@ -350,7 +350,13 @@ def read_row(row: dict, file: str) -> CorpusRow:
     rid = str(row["id"])
     kinds = (MEMORY,) if file == "memory.yaml" else (THROUGHPUT,)
     src = row.get("source") or {}
-    base = dict(id=rid, series=_series(row), file=file, kinds=kinds,
+    if not isinstance(src, dict) or not isinstance(row.get("model") or {}, dict):
+        raise CorpusError(f"{file}: row {rid}: source and model must be mappings")
+    try:
+        series = _series(row)
+    except (TypeError, ValueError, AttributeError) as e:
+        raise CorpusError(f"{file}: row {rid}: a malformed field ({' '.join(str(e).split())[:160]})") from None
+    base = dict(id=rid, series=series, file=file, kinds=kinds,
                 source=str(src.get("url") or src.get("path") or ""), gpu_name=str(row.get("gpu") or ""),
                 engine_name=str(row.get("engine") or ""), precision=str(row.get("precision_class") or ""))
     assumptions: list[str] = []
@@ -388,8 +394,14 @@ def read_row(row: dict, file: str) -> CorpusRow:
         return CorpusRow(**base, reason=str(e), assumptions=tuple(assumptions))
     except AttuneError as e:  # the spec refused the geometry or the GPU count
         return CorpusRow(**base, reason=f"not expressible: {e}", assumptions=tuple(assumptions))
-    return CorpusRow(**base, model=model, cluster=cluster, layout=layout, workload=wl, engine=engine,
-                     tokens_per_s_per_gpu=tps, memory=mem, assumptions=tuple(assumptions))
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError, ZeroDivisionError) as e:
+        raise CorpusError(f"{file}: row {rid}: a malformed field ({type(e).__name__}: "
+                          f"{' '.join(str(e).split())[:160]})") from None
+    try:
+        return CorpusRow(**base, model=model, cluster=cluster, layout=layout, workload=wl, engine=engine,
+                         tokens_per_s_per_gpu=tps, memory=mem, assumptions=tuple(assumptions))
+    except ValueError as e:  # CorpusRow's own checks (a positive throughput, ...)
+        raise CorpusError(f"{file}: {' '.join(str(e).split())[:200]}") from None
 
 
 def read_file(path: Path) -> list[dict]:

@@ -12,10 +12,19 @@ import os
 import sys
 
 from attune.errors import AttuneError
+from attune.search.storage import mask_text
 
 from .parser import build_parser
+from .signals import TERMINATED_EXIT, Terminated, terminate_as_interrupt
 
 __all__ = ["main", "build_parser"]
+
+
+class _MaskingFormatter(logging.Formatter):
+    """Log lines with every URL's password masked (attune.search.storage.mask_text)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return mask_text(super().format(record))
 
 
 def _configure_logging(verbose: bool) -> None:
@@ -24,7 +33,7 @@ def _configure_logging(verbose: bool) -> None:
     root = logging.getLogger("attune")
     if not any(isinstance(h, RichHandler) for h in root.handlers):
         handler = RichHandler(show_time=False, show_path=False, markup=False, rich_tracebacks=False)
-        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.setFormatter(_MaskingFormatter("%(message)s"))
         root.addHandler(handler)
     root.setLevel(logging.DEBUG if verbose else logging.WARNING)  # progress has its own display
     root.propagate = False
@@ -39,16 +48,24 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "flags", None) and args.flags[0] == "--":
         args.flags = args.flags[1:]
+    if getattr(args, "flags", None) and not args.flags[0].startswith("-"):
+        print(f"attune: error: {args.flags[0][:60]!r} after -- is a value without a flag; give flags like "
+              f"--tensor-model-parallel-size 2", file=sys.stderr)
+        return 2
     debug = bool(getattr(args, "debug", False)) or os.environ.get("ATTUNE_DEBUG", "") not in ("", "0")
     _configure_logging(getattr(args, "verbose", False))
     try:
-        return int(args.func(args) or 0)
+        with terminate_as_interrupt():
+            return int(args.func(args) or 0)
+    except Terminated:
+        print("attune: terminated (SIGTERM); the running trial was stopped and marked interrupted", file=sys.stderr)
+        return TERMINATED_EXIT
     except KeyboardInterrupt:
         print("attune: interrupted", file=sys.stderr)
         return 130
     except AttuneError as e:
         if debug:
             raise
-        text = " ".join(str(e).split()) or type(e).__name__
+        text = mask_text(" ".join(str(e).split())) or type(e).__name__
         print(f"attune: error: {text}", file=sys.stderr)
         return e.exit_code

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -14,16 +15,36 @@ from attune.api import calibrate as calibrate_api
 from attune.api import study as study_api
 from attune.api import slime as slime_api
 from attune.api import tune as tune_api
+from attune.api.outdir import check_out_dir
 from attune.api.verify import verify as verify_recipe_file
 from attune.errors import UserInputError
 from attune.recipe import has_errors, lint, load_recipe, render
 from attune.runners.ray.cluster import load_cluster
 from attune.runners.slime.launch import command_for_recipe
 from attune.runners.slime.logparse import format_summary, parse_slime_log
+from attune.search.storage import mask_url
 from attune.spec.hardware import GPUS, detect_local_gpus
 from attune.spec.model import bundled_names, load_model
 
 from . import render as out
+
+
+def _finite(x):
+    """JSON has no NaN or Infinity: a non-finite float is written as null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def _json(value, indent: int = 2, default=None) -> str:
+    """Strict JSON of ``value`` (non-finite floats as null, never ``NaN`` / ``Infinity``)."""
+    if default is not None:
+        value = json.loads(json.dumps(value, default=default))
+    return json.dumps(_finite(value), indent=indent, allow_nan=False)
 
 
 def _target(args, **overrides) -> api.Target:
@@ -41,7 +62,7 @@ def cmd_estimate(args) -> int:
         d = est.to_dict()
         d["layout_source"] = target.source
         d["ignored_flags"] = list(target.ignored_flags)
-        print(json.dumps(d, indent=2))
+        print(_json(d, indent=2))
     else:
         out.print_estimate(est, target.source, target.ignored_flags)
         if getattr(args, "explain", False):
@@ -52,7 +73,7 @@ def cmd_estimate(args) -> int:
 def cmd_models(args) -> int:
     models = [load_model(n) for n in bundled_names()]
     if args.json:
-        print(json.dumps([m.summary() for m in models], indent=2))
+        print(_json([m.summary() for m in models], indent=2))
     else:
         out.console().print(out.models_table(models))
     return 0
@@ -61,7 +82,7 @@ def cmd_models(args) -> int:
 def cmd_gpus(args) -> int:
     local = detect_local_gpus()
     if args.json:
-        print(json.dumps({"gpus": [out.gpu_row(k, g) for k, g in GPUS.items()], "local": local}, indent=2))
+        print(_json({"gpus": [out.gpu_row(k, g) for k, g in GPUS.items()], "local": local}, indent=2))
     else:
         con = out.console()
         con.print(out.gpus_table(GPUS))
@@ -70,6 +91,8 @@ def cmd_gpus(args) -> int:
 
 
 def cmd_run(args) -> int:
+    if args.out is not None:
+        check_out_dir(args.out)  # before any work
     caps = api.runner_capabilities(args.runner)
     target = _target(args, steps=args.steps, base_workload=caps.default_workload,
                      max_tp=caps.max_tp, max_cp=caps.max_cp, engine=caps.engine)
@@ -77,7 +100,7 @@ def cmd_run(args) -> int:
                            cluster_file=args.cluster)
     res = outcome.result
     if args.json:
-        print(json.dumps(res.to_dict(), indent=2, default=str))
+        print(_json(res.to_dict(), indent=2, default=str))
     else:
         print(out.format_run_result(res, target.layout, target.workload, target.source))
         print(f"output: {outcome.out_dir}")
@@ -92,7 +115,7 @@ def cmd_tune(args) -> int:
     con = out.console()
     cfg = tune_api.config_from_args(args)
     con.print(f"attune tune: {cfg.model.name} on {cfg.cluster.spec}, runner {cfg.runner.name}, "
-              f"{cfg.trials} measured trials, study '{cfg.study_name}' in {cfg.storage}", highlight=False)
+              f"{cfg.trials} measured trials, study '{cfg.study_name}' in {mask_url(cfg.storage)}", highlight=False)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=con, transient=False) as prog:
         task = prog.add_task("measured trials", total=cfg.trials)
@@ -115,8 +138,10 @@ def cmd_tune(args) -> int:
 def cmd_verify(args) -> int:
     outcome = verify_recipe_file(args.recipe, runner=args.runner, steps=args.steps, out_dir=args.out,
                                  negative_control=args.negative_control, reference=args.reference,
-                                 cluster_file=args.cluster, progress=print)
+                                 cluster_file=args.cluster, progress=print, in_place=args.in_place)
     print(f"{outcome.recipe_path}: status {outcome.status}; arms and losses in {outcome.out_dir}")
+    if outcome.in_place_refused:
+        print(f"attune verify: {outcome.source_path} {outcome.in_place_refused}", file=sys.stderr)
     if not outcome.passed:
         print(f"attune verify: {outcome.verdict.correctness_block()['summary']}", file=sys.stderr)
     return outcome.exit_code
@@ -145,7 +170,7 @@ def cmd_slime_command(args) -> int:
 def cmd_slime_preflight(args) -> int:
     report = slime_api.preflight(args.cluster, model=args.model)
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        print(_json(report.to_dict(), indent=2))
     else:
         out.console().print(out.preflight_table(report))
         if not report.ok:
@@ -160,15 +185,19 @@ def cmd_slime_parse_log(args) -> int:
     a, b = args.window
     if a > b:
         raise UserInputError(f"--window {a} {b}: the first step must not be after the last")
-    run = parse_slime_log(p.read_text(errors="replace"), gpus=args.gpus, window=(a, b))
-    print(json.dumps(run.to_dict(), indent=2) if args.json else format_summary(run))
+    try:
+        with open(p, encoding="utf-8", errors="replace") as f:  # streamed: memory does not grow with the log
+            run = parse_slime_log(f, gpus=args.gpus, window=(a, b))
+    except OSError as e:
+        raise UserInputError(f"{args.log}: cannot read the log ({e.strerror})") from None
+    print(_json(run.to_dict(), indent=2) if args.json else format_summary(run))
     return 0 if run.complete and not run.crash else 1
 
 
 def cmd_study_status(args) -> int:
-    st = study_api.study_status(args.storage, args.study, args.grace_period)
+    st = study_api.study_status(args.storage, args.study, args.grace_period, args.storage_timeout)
     if args.json:
-        print(json.dumps(dataclasses.asdict(st), indent=2, default=str))
+        print(_json(dataclasses.asdict(st), indent=2, default=str))
     else:
         for line in st.lines():
             print(line)
@@ -176,6 +205,8 @@ def cmd_study_status(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
+    if args.out is not None:
+        check_out_dir(args.out)  # before any work
     outcome = calibrate_api.calibrate(args.corpus, do_fit=args.fit, out_dir=args.out)
     for line in out.calibration_lines(outcome):
         print(line)
@@ -183,7 +214,11 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_data_build(args) -> int:
+    target = Path(args.out)  # checked before any work: a file in a writable folder
+    if target.is_dir():
+        raise UserInputError(f"--out {target}: is a folder; name the parquet file to write")
+    check_out_dir(target.parent if str(target.parent) else ".", what="--out's folder")
     stats = api.build_data(input_path=args.input, tokenizer=args.tokenizer, row_tokens=args.row_tokens,
                            seed=args.seed, max_rows=args.max_rows, out=args.out)
-    print(json.dumps(stats.to_dict(), indent=2))
+    print(_json(stats.to_dict(), indent=2))
     return 0

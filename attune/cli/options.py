@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 
 def _ranged(cast, ok, rule: str):
@@ -14,6 +15,8 @@ def _ranged(cast, ok, rule: str):
             v = cast(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"'{text}' is not {what}") from None
+        if isinstance(v, float) and not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"'{text}': must be a finite number")
         if not ok(v):
             raise argparse.ArgumentTypeError(f"{v:g}: must be {rule}")
         return v

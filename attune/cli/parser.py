@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from attune.search.storage import CONNECT_TIMEOUT_S
 from attune.spec.engine import ENGINES as ENGINE_TABLE
 
 from . import commands as c
@@ -59,7 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--search-space", default=None, help="search space: a bundled name (dense, small) or a YAML path")
     s.add_argument("--seed", type=nonnegative_int, default=0, help="sampler seed")
     s.add_argument("--storage", default=None, help="Optuna storage URL (default: SQLite study.db in --out)")
+    s.add_argument("--storage-timeout", type=positive_float, default=CONNECT_TIMEOUT_S,
+                   help=f"database connection timeout, s (default {CONNECT_TIMEOUT_S:g})")
     s.add_argument("--study-name", default=None)
+    s.add_argument("--heartbeat", type=positive_int, default=None,
+                   help="seconds between a measured trial's heartbeats (default 5)")
+    s.add_argument("--grace-period", type=positive_int, default=None,
+                   help="heartbeat silence after which another tuner fails a trial as stale, s (default 20)")
     s.add_argument("--out", default=None, help="output folder (default ./reports/<model>-<gpus>-<UTC date>/)")
     s.add_argument("--candidates", type=positive_int, default=None, help="proposals to estimate per measured trial")
     s.add_argument("--slack", type=unit_interval, default=0.8,
@@ -114,7 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--steps", type=positive_int, default=20)
     s.add_argument("--negative-control", action="store_true")
     s.add_argument("--cluster", default=None)
-    s.add_argument("--out", default=None, help="output folder (default ./reports/verify/<stamp>/)")
+    s.add_argument("--out", default=None, help="output folder (default ./reports/verify/<stamp>/); the verdict's "
+                                               "recipe is written there as recipe.yaml")
+    s.add_argument("--in-place", action="store_true",
+                   help="rewrite the recipe file itself with the verdict (only after a measured verdict)")
     _common(s)
     s.set_defaults(func=c.cmd_verify)
 
@@ -155,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = rs.add_parser("status", help="workers seen, trials per state, best so far, stale trials, retries")
     s.add_argument("--storage", required=True, help="Optuna storage URL (postgresql://..., sqlite:///...) or .journal path")
     s.add_argument("--study", default=None, help="study name (default: the storage's only study)")
+    s.add_argument("--storage-timeout", type=positive_float, default=CONNECT_TIMEOUT_S,
+                   help=f"database connection timeout, s (default {CONNECT_TIMEOUT_S:g})")
     s.add_argument("--grace-period", type=positive_float, default=None,
                    help="heartbeat silence that makes a trial stale, s (default: the study's)")
     s.add_argument("--json", action="store_true")

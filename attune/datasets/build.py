@@ -217,7 +217,11 @@ def build_rows(
         raise ImportError("attune.datasets.build needs the 'tokenizers' package (pip install tokenizers)") from None
     if not os.path.isfile(tokenizer_path):
         raise FileNotFoundError(f"tokenizer file not found: {tokenizer_path}")
-    tok = Tokenizer.from_file(tokenizer_path)
+    try:
+        tok = Tokenizer.from_file(tokenizer_path)
+    except Exception as e:  # the tokenizers library raises its own Exception type for a malformed file
+        msg = " ".join(str(e).split())[:200] or type(e).__name__
+        raise ValueError(f"tokenizer {tokenizer_path} is not a tokenizers JSON file ({msg})") from None
     for special in (IM_START, IM_END):
         if tok.token_to_id(special) is None:
             raise ValueError(f"tokenizer {tokenizer_path} has no {special} token (needed by the ChatML template)")
@@ -379,7 +383,7 @@ def read_conversations(path: str) -> list[dict[str, Any]]:
                 continue
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 raise ValueError(f"{path}:{lineno} is not a JSON line") from None
             if not isinstance(rec, dict) or "messages" not in rec:
                 raise ValueError(f"{path}:{lineno} has no 'messages' field")

@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from attune.errors import RecipeError
+from attune.spec.textio import NoAliasLoader
 from attune.recipe.models import SCHEMA_FILE, Recipe, recipe_json_schema, validate_recipe
 
 __all__ = [
@@ -48,8 +49,9 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys (PyYAML keeps the last silently)."""
+class _StrictLoader(NoAliasLoader):
+    """SafeLoader that refuses duplicate mapping keys (PyYAML keeps the last silently) and aliases (a 342-byte
+    alias bomb expands to gigabytes when the recipe is walked; attune.spec.textio)."""
 
 
 def _construct_mapping_no_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False):
@@ -88,6 +90,8 @@ def parse_recipe(text: str, source: str = "<string>") -> dict:
         data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - SafeLoader subclass
     except yaml.YAMLError as exc:
         raise RecipeError(f"{source}: malformed YAML: {_yaml_problem(exc)}") from None
+    except RecursionError:
+        raise RecipeError(f"{source}: YAML nested too deeply") from None
     if data is None:
         raise RecipeError(f"{source}: empty file, expected a mapping of recipe fields")
     if not isinstance(data, dict):

@@ -29,7 +29,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-__all__ = ["RunBlock", "Word", "parse_run", "split_commands", "is_expansion", "is_flag_word", "quote_argv"]
+__all__ = ["RunBlock", "Word", "parse_run", "split_commands", "unclosed_quote", "is_expansion", "is_flag_word", "quote_argv"]
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,7 @@ class _Scanner:
         self.s = text
         self.i = 0
         self.n = len(text)
+        self.unclosed: str | None = None  # the quote a word opened and the text never closed
 
     def peek(self, k: int = 0) -> str:
         j = self.i + k
@@ -109,6 +110,8 @@ class _Scanner:
     def read_single_quoted(self) -> str:
         start = self.i
         end = self.s.find("'", self.i + 1)
+        if end < 0:
+            self.unclosed = self.unclosed or "'"
         self.i = self.n if end < 0 else end + 1
         return self.s[start:self.i]
 
@@ -117,10 +120,12 @@ class _Scanner:
         start = self.i
         self.i += 1
         out: list[str] = []
+        closed = False
         while self.i < self.n:
             c = self.s[self.i]
             if c == '"':
                 self.i += 1
+                closed = True
                 break
             if c == "\\" and self.i + 1 < self.n:
                 nxt = self.s[self.i + 1]
@@ -143,6 +148,8 @@ class _Scanner:
                 continue
             out.append(c)
             self.i += 1
+        if not closed:
+            self.unclosed = self.unclosed or '"'
         return self.s[start:self.i], "".join(out)
 
     def read_backtick(self) -> str:
@@ -295,6 +302,14 @@ class _Scanner:
             self.i += 1
         end_command()
         return cmds
+
+
+def unclosed_quote(text: str) -> str | None:
+    """The quote character (' or ") a word of ``text`` opens and never closes, else None: bash would refuse the
+    text, and everything after the quote would silently become one word."""
+    sc = _Scanner(text)
+    sc.commands()
+    return sc.unclosed
 
 
 def split_commands(text: str) -> list[list[Word]]:

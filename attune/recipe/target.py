@@ -26,7 +26,7 @@ from typing import Any
 from attune.errors import RecipeError, UserInputError
 from attune.recipe.codec import from_recipe_blocks
 from attune.recipe.models import Gpu, LayoutBlock, Recipe, Result, WorkloadBlock, validate_block
-from attune.recipe.runblock import parse_run
+from attune.recipe.runblock import parse_run, unclosed_quote
 from attune.spec.engine import Engine, get_engine
 from attune.spec.flags import LAYOUT_FLAGS, WORKLOAD_FLAGS
 from attune.spec.hardware import Cluster, parse_cluster
@@ -114,6 +114,9 @@ def _run_flags(recipe: dict, source: str) -> dict[str, str | None] | None:
         raise RecipeError(f"{source} run: Input should be a valid string (got {type(run).__name__})")
     if not run.strip():
         return None
+    q = unclosed_quote(run)
+    if q:
+        raise RecipeError(f"{source} run: an unclosed quotation ({q}); the words after it would run as one")
     return parse_run(run).flag_dict()
 
 

@@ -493,6 +493,15 @@ def lint(recipe: Any) -> list[Finding]:
     out: list[Finding] = [Finding(ERROR, path, msg) for path, msg in _schema_issues(recipe)]
     if not isinstance(recipe, dict):
         return out
+    if not out:
+        return _semantic(recipe, out)
+    try:  # a recipe that breaks the schema: the checks below may meet values of any type
+        return _semantic(recipe, list(out))
+    except (TypeError, AttributeError, KeyError, ValueError, IndexError):
+        return out  # the schema errors already say what is wrong
+
+
+def _semantic(recipe: dict, out: list[Finding]) -> list[Finding]:
     run = recipe.get("run")
     rb = None
     if isinstance(run, str) and run.strip():

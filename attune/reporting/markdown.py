@@ -11,6 +11,7 @@ from attune.estimator import estimate
 from attune.estimator.coefficients import coefficients_for
 from attune.reporting.plots import plot_study
 from attune.search.ablation import ablation
+from attune.search.storage import mask_url
 from attune.search.records import records, study_counts
 from attune.search.tuner import TuneConfig, TuneOutcome
 
@@ -219,7 +220,7 @@ def write_report(cfg: TuneConfig, out: TuneOutcome, out_dir: Path, recipe: dict 
     for title, name in plots:
         L.append(f"### {title}\n\n![{title}]({name})\n")
     L.append("## Files\n\n- `recipe.yaml`: the winner as a recipe\n- `trials.csv`: one row per trial\n"
-             f"- the Optuna study: `{cfg.storage}` (open with `optuna-dashboard`)\n")
+             f"- the Optuna study: `{mask_url(cfg.storage)}` (open with `optuna-dashboard`)\n")
     p = Path(out_dir) / "report.md"
     p.write_text("\n".join(L))
     return p

@@ -98,6 +98,12 @@ class DeviceLock:
         self.waited_s = time.monotonic() - t0
         return self
 
+    @property
+    def fds(self) -> tuple[int, ...]:
+        """The held locks' file descriptors: a trial's supervisor inherits them, so the devices stay locked
+        until the trial's last process has exited (attune.runners.supervise)."""
+        return tuple(self._fds)
+
     def release(self) -> None:
         for fd in reversed(self._fds):
             try:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import psutil
 
+from attune.runners.supervise import supervised
+
 __all__ = ["KILL_GRACE_S", "ProcessOutcome", "kill_tree", "kill_descendants", "run_logged"]
 
 log = logging.getLogger(__name__)
@@ -70,16 +72,19 @@ def kill_descendants(grace_s: float = KILL_GRACE_S) -> list[int]:
 
 
 def run_logged(cmd: list[str], *, log_path: Path, env: dict | None = None, timeout_s: float | None = None,
-               grace_s: float = KILL_GRACE_S) -> ProcessOutcome:
+               grace_s: float = KILL_GRACE_S, hold_fds: tuple[int, ...] = ()) -> ProcessOutcome:
     """Run ``cmd`` with stdout and stderr into ``log_path``; past ``timeout_s`` s kill its whole tree.
 
     The command starts in a session of its own so a terminal's Ctrl-C reaches only the tuner, which then
-    kills the tree here before the interrupt propagates.
+    kills the tree here before the interrupt propagates. It runs under :mod:`attune.runners.supervise`, which
+    kills the whole tree when this process dies (SIGKILL included) and holds ``hold_fds`` (device locks) until
+    the last process of the tree has exited.
     """
     t0 = time.monotonic()
     timed_out = False
     with open(log_path, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(supervised(cmd), stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True, pass_fds=tuple(hold_fds))
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:

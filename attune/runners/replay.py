@@ -24,11 +24,10 @@ layout missing from the table fails its trial with "not in the table".
 from __future__ import annotations
 
 import csv
+import math
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-
-import yaml
 
 from attune.errors import FlagError, LayoutError, UserInputError
 from attune.runners.base import FAILED, OK, OOM, Capabilities, Runner, TrialResult, TrialSpec
@@ -37,6 +36,7 @@ from attune.spec.layout import Layout
 from attune.spec.model import ModelSpec
 from attune.spec.placement import stage_layer_counts, virtual_stage_counts
 from attune.spec.rules import check
+from attune.spec.textio import load_yaml, read_text
 
 __all__ = ["ReplayRunner", "ReplayRow", "ReplayTableError", "replay_key", "REQUIRED_COLUMNS"]
 
@@ -100,13 +100,36 @@ class ReplayRow:
             raise ReplayTableError(f"row {self.line}: outcome ok needs a positive tokens_per_s_per_gpu")
 
 
+# The largest throughput a row may claim, tokens/s per GPU: a 1M-parameter model (6 FLOPs per parameter and
+# token) on a 2.25 PFLOP/s dense-bf16 B200 (NVIDIA's datasheet) is ~4e8; anything above 1e9 is a typo.
+MAX_TOKENS_PER_S_PER_GPU = 1e9
+
+
 def _num(v, kind, where: str):
+    """A finite, non-negative number of a cell (an int where kind is int), None for an empty cell."""
     if v is None or (isinstance(v, str) and not v.strip()):
         return None
     try:
-        return kind(float(v)) if kind is int else kind(v)
-    except (TypeError, ValueError):
-        raise ReplayTableError(f"{where}: {v!r} is not a number") from None
+        x = float(v) if not isinstance(v, bool) else None
+    except (TypeError, ValueError, OverflowError):
+        x = None
+    if x is None:
+        raise ReplayTableError(f"{where}: {str(v)[:40]!r} is not a number")
+    if not math.isfinite(x) or x < 0:
+        raise ReplayTableError(f"{where}: {str(v)[:40]!r} must be a finite number >= 0")
+    if kind is int:
+        if x != int(x):
+            raise ReplayTableError(f"{where}: {str(v)[:40]!r} must be a whole number")
+        return int(x)
+    return x
+
+
+def _tps(v, where: str):
+    x = _num(v, float, where)
+    if x is not None and x > MAX_TOKENS_PER_S_PER_GPU:
+        raise ReplayTableError(f"{where}: {x:g} tokens/s per GPU is not a plausible measurement "
+                               f"(at most {MAX_TOKENS_PER_S_PER_GPU:g})")
+    return x
 
 
 def _bool(v) -> bool:
@@ -116,18 +139,18 @@ def _bool(v) -> bool:
 def _read_rows(path: Path) -> list[dict]:
     if not path.is_file():
         raise ReplayTableError(f"{path}: no such measurements file (a CSV or YAML table, see the README)")
-    text = path.read_text()
+    text = read_text(path, "measurements file", ReplayTableError)
     if path.suffix.lower() in (".yaml", ".yml"):
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError:
-            raise ReplayTableError(f"{path}: malformed YAML") from None
+        data = load_yaml(text, str(path), ReplayTableError)
         rows = data.get("rows") if isinstance(data, dict) else data
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
             raise ReplayTableError(f"{path}: expected a list of rows (mappings) or {{rows: [...]}}")
         return [{str(k): ("" if v is None else v) for k, v in r.items()} for r in rows]
-    reader = csv.DictReader(text.splitlines())
-    return [dict(r) for r in reader] if reader.fieldnames else []
+    try:
+        reader = csv.DictReader(text.splitlines())
+        return [dict(r) for r in reader] if reader.fieldnames else []
+    except csv.Error as e:
+        raise ReplayTableError(f"{path}: not a CSV table ({e})") from None
 
 
 class ReplayRunner(Runner):
@@ -181,13 +204,15 @@ class ReplayRunner(Runner):
                 parsed = from_flags(shlex.split(str(r["flags"])), model, world_size)
             except (FlagError, LayoutError) as e:
                 raise ReplayTableError(f"{where}: {str(e).splitlines()[0]}") from None
+            except ValueError as e:  # shlex: an unclosed quote
+                raise ReplayTableError(f"{where}: flags: {' '.join(str(e).split())[:200]}") from None
             if parsed.ignored:
                 raise ReplayTableError(f"{where}: unknown flag {parsed.ignored[0]} (not a layout or workload flag "
                                        f"of attune's flag table)")
             peaks = tuple(_num(x, float, f"{where} peak_gib") for x in str(r.get("peak_gib") or "").split(";")
                           if x.strip())
             rows.append(ReplayRow(line=n, layout=parsed.layout, outcome=str(r["outcome"]).strip().lower(),
-                                  tokens_per_s_per_gpu=_num(r["tokens_per_s_per_gpu"], float, f"{where} tokens_per_s_per_gpu"),
+                                  tokens_per_s_per_gpu=_tps(r["tokens_per_s_per_gpu"], f"{where} tokens_per_s_per_gpu"),
                                   step_time_s=_num(r["step_time_s"], float, f"{where} step_time_s"), peak_gib=peaks,
                                   oom_stage=_num(r.get("oom_stage"), int, f"{where} oom_stage"),
                                   gpu_hours=_num(r.get("gpu_hours"), float, f"{where} gpu_hours")))
@@ -213,7 +238,7 @@ class ReplayRunner(Runner):
             except LayoutError as e:
                 raise ReplayTableError(f"{where}: {e}") from None
             outcome = (g("outcome") or _STATE_OUTCOME[r["state"]]).lower()
-            tps = _num(g("measured_tokens_per_s_per_gpu"), float, where)
+            tps = _tps(g("measured_tokens_per_s_per_gpu"), where)
             if tps is None and outcome == OK and g("runner") == "sim":
                 tps = _num(g("predicted_tokens_per_s_per_gpu"), float, where)
             if outcome == OK and tps is None:
@@ -224,6 +249,9 @@ class ReplayRunner(Runner):
                             oom_stage=_num(g("predicted_peak_stage"), int, where) if outcome == OOM else None,
                             gpu_hours=_num(g("gpu_hours"), float, where))
             k = replay_key(lay, model.num_layers)
+            if k in seen and seen[k].outcome != FAILED and row.outcome != FAILED:
+                raise ReplayTableError(f"{path}: rows {seen[k].line} and {n} both measured layout {lay.label()}; "
+                                       f"a study measures a layout once (a duplicated row?)")
             if k in seen and seen[k].outcome != FAILED and row.outcome == FAILED:
                 continue  # a failed re-measurement of a layout the study measured (retries)
             seen[k] = row

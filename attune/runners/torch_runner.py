@@ -188,7 +188,8 @@ class TorchRunner(Runner):
         log_path = trial_dir / LOG_FILE
         env = self._env()
         # one trial at a time per device on this machine (attune.runners.locks); the wait is not trial time
-        with DeviceLock(device_names(self._device(spec), spec.layout.world_size, env.get("CUDA_VISIBLE_DEVICES"))):
-            out = run_logged(self.command(spec, spec_path), log_path=log_path, env=env, timeout_s=spec.timeout_s)
+        with DeviceLock(device_names(self._device(spec), spec.layout.world_size, env.get("CUDA_VISIBLE_DEVICES"))) as lk:
+            out = run_logged(self.command(spec, spec_path), log_path=log_path, env=env, timeout_s=spec.timeout_s,
+                             hold_fds=lk.fds)
         return torch_result(spec, trial_dir / "ranks", log_path.read_text(errors="replace"), out.returncode,
                             out.timed_out, out.wall_s)

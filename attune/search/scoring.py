@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from attune.errors import SearchSpaceError
 from attune.estimator import estimate
 from attune.estimator.memory import estimate_memory
 from attune.estimator.performance import estimate_performance
@@ -174,6 +175,9 @@ def score_space(space: SearchSpace, model: ModelSpec, cluster: Cluster, workload
         if k not in seen:
             seen.add(k)
             merged.append(r)
+    if not merged:
+        raise SearchSpaceError(f"search space {space.name}: no layout of it passes the rules for {model.name} on "
+                               f"{cluster.spec} (check the parallel sizes against the model's layers and GPUs)")
     L = model.num_layers
     table = ScoredSpace(
         params=[r[1] for r in merged], layouts=[r[2] for r in merged],

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import optuna
-import yaml
 
 from attune.errors import SearchSpaceError
 
@@ -28,6 +27,7 @@ from attune.spec.placement import stage_layer_counts
 from attune.spec.knobs import OFFLOAD_MODULES, RECOMPUTE_MODULES
 from attune.spec.pipeline_layout import layout_string
 from attune.spec.model import ModelSpec
+from attune.spec.textio import load_yaml, read_text
 
 # knob -> kind: "choice" (a list of values) or "int" ({low, high})
 KNOBS = {
@@ -443,19 +443,22 @@ def _space_text(name_or_path: str | Path | None) -> tuple[str, str]:
     p = Path(name)
     if not p.is_file():
         raise SearchSpaceError(f"{p}: no such search space file (bundled spaces: {', '.join(bundled_spaces())})")
-    return str(p), p.read_text()
+    return str(p), read_text(p, "search space file", SearchSpaceError)
+
+
+# Bounds on a space file, so that enumerating it stays possible: an int knob spans layer offsets or counts (the
+# largest bundled model, Llama-3.1-405B, has 126 layers; 1024 is far above), a choice list names parallel sizes or
+# modules (tens at most), and the product of all domains stays within 50x the bundled dense space's 2e8.
+MAX_INT_RANGE = 1024
+MAX_CHOICES = 256
+MAX_SPACE_SIZE = 10 ** 10
 
 
 def load_space(path: str | Path | None = None) -> SearchSpace:
     """A search space: None is the default bundled space (`dense`), a bare name (`small`) a bundled one, anything
     else a path to a YAML file."""
     p, text = _space_text(path)
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise SearchSpaceError(f"{p}: malformed YAML{where}") from None
+    data = load_yaml(text, p, SearchSpaceError)
     if not isinstance(data, dict):
         raise SearchSpaceError(f"{p}: a search space must be a mapping with 'knobs' and 'fixed'")
     unknown = set(data) - {"name", "knobs", "fixed", "description"}
@@ -475,10 +478,14 @@ def load_space(path: str | Path | None = None) -> SearchSpace:
                 raise SearchSpaceError(f"{p}: knobs.{k}: expected {{low: INT, high: INT}}")
             if v["low"] > v["high"]:
                 raise SearchSpaceError(f"{p}: knobs.{k}: low {v['low']} > high {v['high']}")
+            if v["high"] - v["low"] + 1 > MAX_INT_RANGE:
+                raise SearchSpaceError(f"{p}: knobs.{k}: {v['high'] - v['low'] + 1:,} values; at most {MAX_INT_RANGE}")
             knobs[k] = (v["low"], v["high"])
         else:
             if not isinstance(v, list) or not v:
                 raise SearchSpaceError(f"{p}: knobs.{k}: expected a non-empty list of choices")
+            if len(v) > MAX_CHOICES:
+                raise SearchSpaceError(f"{p}: knobs.{k}: {len(v):,} choices; at most {MAX_CHOICES}")
             for x in v:
                 _check_value(p, f"knobs.{k}", k, x)
             knobs[k] = tuple(v)
@@ -493,6 +500,10 @@ def load_space(path: str | Path | None = None) -> SearchSpace:
         raise SearchSpaceError(f"{p}: fixed.optimizer_cpu_offload: CPU offload needs precision_aware_optimizer true")
     if fixed.get("distributed_optimizer") is False and fixed.get("precision_aware_optimizer") is True:
         raise SearchSpaceError(f"{p}: fixed.precision_aware_optimizer: needs distributed_optimizer true")
+    size = math.prod((v[1] - v[0] + 1) if KNOBS[k] == "int" else len(v) for k, v in knobs.items())
+    if size > MAX_SPACE_SIZE:
+        raise SearchSpaceError(f"{p}: {size:.3g} knob combinations; at most {MAX_SPACE_SIZE:.0e} (the dense space "
+                               f"has 2e8): narrow a knob")
     return SearchSpace(name=str(data.get("name") or Path(p).stem), path=str(p), knobs=knobs, fixed=dict(fixed))
 
 

@@ -28,14 +28,17 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import math
 import re
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy.engine
 import sqlalchemy.exc
 from optuna.storages import BaseStorage
 from optuna.storages._heartbeat import BaseHeartbeat
@@ -44,7 +47,7 @@ from tenacity import RetryError, Retrying, retry_if_exception, stop_after_delay,
 
 from attune.errors import AttuneError, UserInputError
 
-__all__ = ["StorageUnavailable", "BadStorageURL", "StorageHandle", "open_storage", "mask_url", "is_transient",
+__all__ = ["StorageUnavailable", "BadStorageURL", "StorageHandle", "open_storage", "mask_url", "mask_text", "check_url", "CONNECT_TIMEOUT_S", "is_transient",
            "RetryingStorage", "RetryingHeartbeatStorage", "RETRY_S", "storage_kind"]
 
 
@@ -60,6 +63,9 @@ RETRY_FIRST_WAIT_S, RETRY_MAX_WAIT_S = 0.25, 8.0
 # Opening retries for at most this long, seconds: long enough for a server that is (re)starting, short enough
 # that a wrong host or port is reported quickly.
 OPEN_RETRY_S = 20.0
+# Default connection timeout, seconds (libpq's / pymysql's connect_timeout; also the most the first connection
+# is retried): a reachable database answers within a second; --storage-timeout raises it for a slow one.
+CONNECT_TIMEOUT_S = 10.0
 
 # the BaseStorage methods a study calls; each is retried on a transient error
 _CALLS = ("create_new_study", "delete_study", "set_study_user_attr", "set_study_system_attr",
@@ -83,9 +89,41 @@ class BadStorageURL(UserInputError):
     """The storage URL cannot be opened: unknown scheme, missing driver, bad credentials or database."""
 
 
+# Query-string keys whose values are secrets (libpq's password / sslpassword, and the usual token names).
+_SECRET_KEYS_RE = re.compile(r"([?&;](?:password|passwd|pwd|pass|sslpassword|secret|token|api_?key)=)[^&;#\s]*",
+                             re.IGNORECASE)
+# Passwords of the storages opened in this process: masked wherever they appear in text (mask_text).
+_SECRETS: set[str] = set()
+# The databases Optuna's RDBStorage supports (SQLAlchemy dialect names).
+_KINDS = ("sqlite", "postgresql", "postgres", "mysql")
+_URL_IN_TEXT_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://\S+")
+
+
 def mask_url(url: str) -> str:
-    """The URL with its password replaced by ``***`` (``postgresql://u:secret@h/db`` -> ``postgresql://u:***@h/db``)."""
-    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
+    """The URL with every password replaced by ``***`` (``postgresql://u:secret@h/db`` -> ``postgresql://u:***@h/db``).
+
+    The one masking function for every URL attune prints or writes. It errs on the side of masking: the
+    password is everything between the user's ``:`` and the LAST ``@`` (so unencoded ``/``, ``:``, ``?``, ``#``
+    or ``@`` in it are masked too), and ``?password=``-like query values are masked.
+    """
+    url = str(url)
+    head, sep, rest = url.partition("://")
+    if sep:
+        at = rest.rfind("@")
+        if at >= 0:
+            user, colon, _ = rest[:at].partition(":")
+            if colon:
+                rest = f"{user}:***{rest[at:]}"
+        url = head + sep + rest
+    return _SECRET_KEYS_RE.sub(lambda m: m.group(1) + "***", url)
+
+
+def mask_text(text: str) -> str:
+    """``text`` with every URL in it masked (:func:`mask_url`): for error messages and log lines."""
+    text = _URL_IN_TEXT_RE.sub(lambda m: mask_url(m.group(0)), str(text))
+    for secret in sorted(_SECRETS, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
 
 
 def storage_kind(url: str) -> str:
@@ -192,10 +230,14 @@ class _RetryingBase(BaseStorage):
             log.warning("study storage %s: %s; retrying in %.1f s", self._url,
                         _first_line(state.outcome.exception()), state.next_action.sleep)
 
+        backoff = wait_exponential(multiplier=RETRY_FIRST_WAIT_S, max=max_wait_s)
+
+        def wait(state) -> float:  # never sleep past the budget: a 10 s budget ends at ~10 s, not at 16
+            return max(0.0, min(backoff(state), self._retry_s - (state.seconds_since_start or 0.0) + 0.05))
+
         try:
             for attempt in Retrying(retry=retry_if_exception(is_transient), reraise=False,
-                                    stop=stop_after_delay(self._retry_s), before_sleep=_log,
-                                    wait=wait_exponential(multiplier=RETRY_FIRST_WAIT_S, max=max_wait_s)):
+                                    stop=stop_after_delay(self._retry_s), before_sleep=_log, wait=wait):
                 with attempt:
                     out = fn(*args, **kwargs)
                     if failed:
@@ -270,18 +312,71 @@ class StorageHandle:
         return mask_url(self.url)
 
 
+def _register_secret(url: str) -> None:
+    head, sep, rest = url.partition("://")
+    at = rest.rfind("@")
+    if sep and at >= 0 and ":" in rest[:at]:
+        pw = rest[:at].partition(":")[2]
+        if len(pw) >= 3:
+            _SECRETS.add(pw)
+    for m in re.finditer(r"[?&;](?:password|passwd|pwd|pass|sslpassword)=([^&;#\s]{3,})", url, re.IGNORECASE):
+        _SECRETS.add(m.group(1))
+
+
+def check_url(url: str, must_exist: bool = False) -> str:
+    """Parse and check a storage URL before connecting; returns its kind. A malformed URL, an unknown scheme, a
+    missing folder (sqlite, journal) or, with ``must_exist``, a missing database file raise BadStorageURL
+    (exit 2) at once, naming the URL with its password masked."""
+    if not isinstance(url, str) or not url.strip() or any(c in url for c in "\n\r\x00"):
+        raise BadStorageURL(f"storage {mask_url(str(url))[:200]!r}: must be one line (sqlite:///PATH, "
+                            f"postgresql://USER:PASSWORD@HOST:PORT/DB or a PATH ending in .journal)")
+    _register_secret(url)
+    kind = storage_kind(url)
+    masked = mask_url(url)
+    if kind == "journal":
+        path = Path(url)
+    else:
+        try:
+            u = sqlalchemy.engine.make_url(url)
+        except (sqlalchemy.exc.ArgumentError, ValueError) as e:
+            raise BadStorageURL(f"storage {masked}: not a database URL ({_first_line(e)})") from None
+        if kind not in _KINDS:
+            raise BadStorageURL(f"storage {masked}: unknown database {kind!r}; allowed: {', '.join(_KINDS)} "
+                                f"or a PATH ending in .journal")
+        if kind != "sqlite":
+            if not u.host and "host" not in u.query:
+                raise BadStorageURL(f"storage {masked}: no host (postgresql://USER:PASSWORD@HOST:PORT/DB)")
+            return kind
+        if not u.database or u.database == ":memory:" or u.database.startswith("file:"):
+            if must_exist:
+                raise BadStorageURL(f"storage {masked}: an in-memory SQLite database holds no study")
+            return kind
+        path = Path(u.database)
+    if not path.parent.is_dir():
+        raise BadStorageURL(f"storage {masked}: the folder {path.parent} does not exist")
+    if path.exists() and not path.is_file():
+        raise BadStorageURL(f"storage {masked}: {path} is not a file")
+    if must_exist and not path.is_file():
+        raise BadStorageURL(f"storage {masked}: no such study database {path}")
+    return kind
+
+
 def open_storage(url: str, *, heartbeat_interval_s: int | None = None, grace_period_s: int | None = None,
-                 retry_s: float = RETRY_S) -> StorageHandle:
+                 retry_s: float = RETRY_S, connect_timeout_s: float = CONNECT_TIMEOUT_S,
+                 must_exist: bool = False) -> StorageHandle:
     """Open the storage at ``url`` (an RDB URL or a ``.journal`` path). The first connection is retried like
     any call while the error is transient (a server still starting); a bad URL, missing driver or refused
     login raises BadStorageURL naming the URL (password masked); a server unreachable past ``retry_s`` s
     raises StorageUnavailable."""
-    kind = storage_kind(url)
+    kind = check_url(url, must_exist=must_exist)
     masked = mask_url(url)
     if kind == "journal":
         return StorageHandle(storage=RetryingStorage(JournalStorage(JournalFileBackend(url)), url, retry_s),
                              rdb=None, url=url, kind=kind)
-    engine_kwargs = {"pool_pre_ping": True}
+    engine_kwargs: dict = {"pool_pre_ping": True}
+    if kind in ("postgresql", "postgres", "mysql") and "connect_timeout" not in url:
+        # libpq and pymysql take whole seconds
+        engine_kwargs["connect_args"] = {"connect_timeout": max(1, math.ceil(connect_timeout_s))}
     hb = dict(heartbeat_interval=heartbeat_interval_s, grace_period=grace_period_s) if heartbeat_interval_s else {}
 
     def _open() -> optuna.storages.RDBStorage:
@@ -299,7 +394,7 @@ def open_storage(url: str, *, heartbeat_interval_s: int | None = None, grace_per
                 time.sleep(0.2 * (attempt + 1))
         raise AssertionError("unreachable")
 
-    probe = RetryingStorage(optuna.storages.InMemoryStorage(), url, min(retry_s, OPEN_RETRY_S))
+    probe = RetryingStorage(optuna.storages.InMemoryStorage(), url, min(retry_s, OPEN_RETRY_S, connect_timeout_s))
     try:
         rdb = probe.call(_open)
     except StorageUnavailable as e:

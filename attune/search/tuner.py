@@ -51,7 +51,7 @@ from attune.search.records import (
     INTERRUPTED, KIND_DUP, KIND_EST, KIND_INVALID, KIND_LOST, KIND_OOM, KIND_RULE, KIND_SLOW, LOG_TAIL_CHARS, REASON_CHARS,
     ROLE_BASELINE, ROLE_CANDIDATE, TrialRecord, records)
 from attune.search.coordination import claim_key, contest, new_measured_trial, pending_retries, slots
-from attune.search.storage import BadStorageURL, StorageHandle, StorageUnavailable, mask_url, open_storage
+from attune.search.storage import CONNECT_TIMEOUT_S, BadStorageURL, StorageHandle, StorageUnavailable, mask_url, open_storage
 from attune.search.sampler import ModelGuidedSampler
 from attune.search.scoring import score_space
 from attune.search.space import SearchSpace, layout_key
@@ -148,6 +148,8 @@ class TuneConfig:
     grace_period_s: int = GRACE_PERIOD_S
     """Seconds without a heartbeat (or, for a trial without a role, since it started) after which a RUNNING
     trial is taken as left by a killed tuner and failed."""
+    storage_timeout_s: float = CONNECT_TIMEOUT_S
+    """Database connection timeout, seconds (also how long the first connection is retried)."""
 
     def __post_init__(self) -> None:
         if self.trials < 1:
@@ -282,12 +284,14 @@ class Tuner:
         self.shipped = cfg.coefficients if cfg.coefficients is not None else coefficients_for(cfg.cluster.gpu)
         self.model_sampler: ModelGuidedSampler | None = None
         self._proposal_fields: dict = {}
+        self.asked: list[int] = []
 
     # ------------------------------------------------------------------ study
     def _open_storage(self):
         """The study storage (attune.search.storage: pool_pre_ping, transient errors retried with backoff)."""
         self._handle: StorageHandle = open_storage(self.cfg.storage, heartbeat_interval_s=self.cfg.heartbeat_interval_s,
-                                                   grace_period_s=self.cfg.grace_period_s)
+                                                   grace_period_s=self.cfg.grace_period_s,
+                                                   connect_timeout_s=self.cfg.storage_timeout_s)
         self._rdb = self._handle.rdb
         return self._handle.storage
 
@@ -368,7 +372,9 @@ class Tuner:
 
     def _ask(self, dists: dict | None = None) -> optuna.Trial:
         with _quiet_optuna():
-            return self.study.ask(dists)
+            t = self.study.ask(dists)
+        self.asked.append(t.number)  # failed if the tuner is interrupted before telling it (search.interrupt)
+        return t
 
     # ------------------------------------------------------------------ state read back from the study
     def measured(self, complete_only: bool = False) -> list[TrialRecord]:
@@ -492,7 +498,9 @@ class Tuner:
             out.losses = {str(k): v for k, v in res.losses.items()} if res.losses else None
             out.extra = res.extra
             out.save(trial)
-            trial.set_constraint("memory_gib", min(est.memory.peak_gib - self._capacity, -1e-6))
+            # a real run proves its layout fits; a prediction (the sim runner) must fit within the headroom
+            margin = est.memory.peak_gib - (self._capacity if res.measured else self._usable)
+            trial.set_constraint("memory_gib", min(margin, -1e-6) if res.measured else margin)
             study.tell(trial, res.tokens_per_s_per_gpu)
         elif res.status == OOM:
             stage = res.oom_stage if res.oom_stage is not None else est.memory.peak_stage

@@ -20,6 +20,7 @@ layout the flags describe that breaks a rule is a ``LayoutError``.
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
@@ -152,6 +153,8 @@ class FlagSpec:
             value = int(text) if self.type == "int" else float(text) if self.type == "float" else str(text)
         except ValueError:
             raise FlagError(f"{self.name} {text!r}: expected {'an integer' if self.type == 'int' else 'a number'}") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise FlagError(f"{self.name} {text!r}: expected a finite number")
         if self.choices is not None and value not in self.choices:
             raise FlagError(f"{self.name} {text!r}: expected one of {', '.join(map(str, self.choices))}")
         return value
@@ -329,7 +332,10 @@ def flag_parser() -> argparse.ArgumentParser:
 
 def _words(argv: list[str] | str) -> list[str]:
     if isinstance(argv, str):
-        return shlex.split(argv.replace("\\\n", " "))
+        try:
+            return shlex.split(argv.replace("\\\n", " "))
+        except ValueError as e:  # an unclosed quote
+            raise FlagError(f"flags {argv[:60]!r}: {e} (quote values the way a shell does)") from None
     return [str(w) for w in argv]
 
 

@@ -42,6 +42,8 @@ from __future__ import annotations
 import functools
 
 from attune.errors import ModelError
+from attune.spec.hfconfig import check_hf_config
+from attune.spec.textio import read_text
 from attune.spec.mla import MLASpec, mla_from_hf
 from attune.spec.moe import HF_MOE_TYPES, MoESpec, moe_from_hf
 
@@ -433,8 +435,7 @@ def _need(cfg: dict, key: str, where: str):
 def from_hf_config(cfg: dict, name: str = "model", where: str | None = None) -> ModelSpec:
     """Build a ModelSpec from a parsed Hugging Face config.json."""
     where = where or name
-    if not isinstance(cfg, dict):
-        raise ModelError(f"{where}: config.json must be a JSON object")
+    cfg = check_hf_config(cfg, where)  # types and ranges of every field read below; null fields dropped
     outer_type = cfg.get("model_type")
     src = cfg.get("_attune_source", "")
     if "text_config" in cfg and isinstance(cfg["text_config"], dict):
@@ -618,6 +619,10 @@ def bundled_names() -> list[str]:
     return sorted(p.name[: -len(".json")] for p in files.iterdir() if p.name.endswith(".json"))
 
 
+def _no_constant(name: str):
+    raise ModelError(f"config.json holds {name}; allowed: finite numbers only")
+
+
 def load_model(name_or_path: str) -> ModelSpec:
     """A bundled model by name (case-insensitive), or a config.json path (or a folder holding one)."""
     p = Path(name_or_path)
@@ -627,9 +632,11 @@ def load_model(name_or_path: str) -> ModelSpec:
         if not p.exists():
             raise ModelError(f"{name_or_path}: no such config file")
         try:
-            cfg = json.loads(p.read_text())
+            cfg = json.loads(read_text(p, "config file", ModelError), parse_constant=_no_constant)
         except json.JSONDecodeError as e:
             raise ModelError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        except RecursionError:
+            raise ModelError(f"{p}: JSON nested too deeply") from None
         return from_hf_config(cfg, name=p.parent.name if p.name == "config.json" else p.stem, where=str(p))
     by_lower = {n.lower(): n for n in bundled_names()}
     key = by_lower.get(name_or_path.lower())

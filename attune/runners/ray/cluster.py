@@ -28,21 +28,24 @@ A small YAML file (format and an example: docs/cluster.md, examples/cluster.yaml
 Without a cluster file the paths stay shell variables ($SLIME_DIR, $MEGATRON_DIR, $HF_CKPT, $TORCH_DIST,
 $SFT_DATA, $PROFILE_DIR) for the launch script, see :func:`default_paths`.
 
-Paths are literal: the launch quotes them, nothing in them is expanded by a shell.
+Paths are literal: the launch quotes them, nothing in them is expanded by a shell. Ray expands ``$NAME`` in a job's
+runtime_env env_vars with no escape (attune.runners.shell), so a path or env value holding ``$NAME`` / ``${...}`` is
+refused with one line rather than changed on the node.
 """
 
 from __future__ import annotations
 
 from attune.errors import ClusterFileError
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from attune.runners.shell import ShellValueError, check_ray_literal
 from attune.spec.hardware import Cluster, parse_cluster
+from attune.spec.textio import load_yaml, read_text
 from attune.errors import HardwareError
 
 __all__ = ["ClusterConfig", "ClusterFileError", "SlimePaths", "load_cluster", "parse_cluster_config",
@@ -131,7 +134,7 @@ def _pos_int(src: str, key: str, v: Any) -> int:
 
 
 def _pos_seconds(src: str, key: str, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
         raise _err(src, key, f"must be a positive number of seconds (got {v!r})")
     return float(v)
 
@@ -139,9 +142,16 @@ def _pos_seconds(src: str, key: str, v: Any) -> float:
 def _str(src: str, key: str, v: Any) -> str:
     if not isinstance(v, str) or not v.strip():
         raise _err(src, key, f"must be a non-empty string (got {v!r})")
-    if "\n" in v or "\x00" in v:
+    if any(c in v for c in "\n\r\x00"):
         raise _err(src, key, "must be one line")
     return v
+
+
+def _literal(src: str, key: str, v: str) -> str:
+    try:
+        return check_ray_literal(v, f"{src}: {key}")
+    except ShellValueError as e:
+        raise ClusterFileError(str(e)) from None
 
 
 def _unknown(src: str, where: str, d: dict, allowed: tuple[str, ...]) -> None:
@@ -165,7 +175,7 @@ def parse_cluster_config(data: Any, source: str = "<cluster>") -> ClusterConfig:
         raise _err(src, "ray.address", f"must be the Ray dashboard URL http(s)://HOST:PORT, e.g. http://10.0.0.1:8265 "
                                        f"(got {address!r})")
     slot = ray.get("slot_resource", DEFAULT_SLOT_RESOURCE)
-    if not isinstance(slot, str) or not _RESOURCE_RE.match(slot):
+    if not isinstance(slot, str) or not _RESOURCE_RE.fullmatch(slot):
         raise _err(src, "ray.slot_resource", f"must be a Ray custom resource name like {DEFAULT_SLOT_RESOURCE} "
                                              f"(got {slot!r})")
     for k in ("nodes", "gpus_per_node", "gpu_type"):
@@ -190,14 +200,15 @@ def parse_cluster_config(data: Any, source: str = "<cluster>") -> ClusterConfig:
     for k in PATH_VARS:
         if k not in paths:
             raise _err(src, f"paths.{k}", f"missing (without a cluster file it is ${PATH_VARS[k]})")
-        pv[k] = _str(src, f"paths.{k}", paths[k])
-    pv["attune"] = _str(src, "paths.attune", paths["attune"]) if paths.get("attune") is not None else None
+        pv[k] = _literal(src, f"paths.{k}", _str(src, f"paths.{k}", paths[k]))
+    pv["attune"] = (_literal(src, "paths.attune", _str(src, "paths.attune", paths["attune"]))
+                    if paths.get("attune") is not None else None)
     env = data.get("env") or {}
     if not isinstance(env, dict):
         raise _err(src, "env", "must be a mapping NAME: value")
     env_out: dict[str, str] = {}
     for k, v in env.items():
-        if not isinstance(k, str) or not _ENV_NAME_RE.match(k):
+        if not isinstance(k, str) or not _ENV_NAME_RE.fullmatch(k):
             raise _err(src, f"env.{k}", "not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
         if k in _RESERVED_ENV:
             raise _err(src, f"env.{k}", f"set by attune's launch; not allowed here ({', '.join(_RESERVED_ENV)})")
@@ -205,7 +216,9 @@ def parse_cluster_config(data: Any, source: str = "<cluster>") -> ClusterConfig:
             v = "1" if v else "0"
         if not isinstance(v, (str, int, float)):
             raise _err(src, f"env.{k}", f"must be a string or number (got {type(v).__name__})")
-        env_out[k] = _str(src, f"env.{k}", str(v)) if str(v) != "" else ""
+        if isinstance(v, float) and not math.isfinite(v):
+            raise _err(src, f"env.{k}", f"must be a finite number (got {v!r})")
+        env_out[k] = _literal(src, f"env.{k}", _str(src, f"env.{k}", str(v))) if str(v) != "" else ""
     timeouts = data.get("timeouts") or {}
     if not isinstance(timeouts, dict):
         raise _err(src, "timeouts", f"must be a mapping with {', '.join(_TIMEOUT_KEYS)}")
@@ -222,12 +235,5 @@ def parse_cluster_config(data: Any, source: str = "<cluster>") -> ClusterConfig:
 def load_cluster(path: str | Path) -> ClusterConfig:
     """Read and validate a cluster file; errors are one line naming the file and the key."""
     p = Path(path)
-    if not p.is_file():
-        raise ClusterFileError(f"{p}: no such cluster file")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ClusterFileError(f"{p}: not valid YAML{where} ({getattr(e, 'problem', None) or e.__class__.__name__})") from None
+    data = load_yaml(read_text(p, "cluster file", ClusterFileError), str(p), ClusterFileError)
     return parse_cluster_config(data, str(p))

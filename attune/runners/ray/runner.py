@@ -29,6 +29,7 @@ from attune.runners.base import FAILED, LOG_FILE, LOG_TAIL_CHARS, TIMEOUT, Capab
 from attune.runners.ray import torch_job
 from attune.runners.ray.cluster import DEFAULT_SLOT_RESOURCE, ClusterConfig, load_cluster
 from attune.runners.ray.jobs import JobOutcome, RayJobs, submission_id
+from attune.runners.shell import check_ray_literal, ray_env_vars
 from attune.runners.torch_runner import TORCH_CAPABILITIES, torch_check
 
 __all__ = ["RayRunner", "RayPayload", "RayJob", "TorchJobPayload", "RayTorchRunner", "torch_job_result",
@@ -199,9 +200,9 @@ class TorchJobPayload(RayPayload):
 
     def job(self, runner: RayRunner, spec: TrialSpec, sid: str, trial_dir: Path) -> RayJob:
         encoded = torch_job.encode_trial(spec, timeout_s=None)  # the job's own timeout is enforced by Ray
-        env = {"PYTHONPATH": f"{runner.attune_root()}:${{PYTHONPATH}}", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-        if runner.cluster_cfg:
-            env.update(runner.cluster_cfg.env)
+        literal = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(runner.cluster_cfg.env if runner.cluster_cfg else {})}
+        root = check_ray_literal(str(runner.attune_root()), "attune's directory")
+        env = ray_env_vars(literal, {"PYTHONPATH": f"{root}:${{PYTHONPATH}}"}, source="cluster file env")
         return RayJob(entrypoint=torch_job.entrypoint(encoded, runner.python), runtime_env={"env_vars": env})
 
     def parse(self, outcome: JobOutcome, spec: TrialSpec) -> TrialResult:

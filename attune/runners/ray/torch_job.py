@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import shlex
 import signal
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from attune.runners.base import TrialSpec
 from attune.runners.procs import kill_descendants
+from attune.runners.shell import command
 from attune.runners.torch_runner import TorchRunner
 from attune.spec.engine import get_engine
 from attune.spec.hardware import parse_cluster
@@ -77,7 +77,7 @@ def decode_trial(d: dict, trial_dir: Path | None = None):
 def entrypoint(encoded: dict, python: str = "python3") -> str:
     """The Ray job entrypoint for an encoded trial."""
     b64 = base64.b64encode(json.dumps(encoded, separators=(",", ":")).encode()).decode()
-    return f"{shlex.quote(python)} -m attune.runners.ray.torch_job --spec-b64 {b64}"
+    return command([python, "-m", "attune.runners.ray.torch_job", "--spec-b64", b64])
 
 
 def parse_result_line(log: str) -> dict | None:

@@ -36,6 +36,7 @@ $SFT_DATA, $PROFILE_DIR.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from pathlib import Path
 from attune.errors import UserInputError
 from attune.recipe.target import recipe_target
 from attune.runners.ray.cluster import PATH_VARS, ClusterConfig
+from attune.runners.shell import bash_c, ray_env_vars, word
 from attune.spec.engine import get_engine
 from attune.spec.flags import table_describes, to_flags
 from attune.spec.precision import hardware_refusal, slime_env
@@ -116,8 +118,8 @@ class ShellText(str):
 
 
 def _q(value: str) -> str:
-    """One shell word for a value: ShellText as written, everything else shlex-quoted."""
-    return value.shell if isinstance(value, ShellText) else shlex.quote(str(value))
+    """One shell word for a value: ShellText as written, everything else quoted (attune.runners.shell.word)."""
+    return value.shell if isinstance(value, ShellText) else word(value)
 
 
 def _join(base: str, *parts: str) -> str:
@@ -135,6 +137,8 @@ def _num(x: float | int) -> str:
         raise LaunchError(f"expected a number, got {x!r}")
     if isinstance(x, int):
         return str(x)
+    if not math.isfinite(x):
+        raise LaunchError(f"expected a finite number, got {x!r}")
     if x == int(x) and abs(x) < 1e15:
         return str(int(x))
     s = repr(float(x))
@@ -335,20 +339,21 @@ class LaunchCommand:
 
     def ray_entrypoint(self) -> str:
         """The Ray job entrypoint: the script run by bash on the head node."""
-        return "bash -c " + shlex.quote(self.to_shell())
+        return bash_c(self.to_shell())
 
     def runtime_env(self) -> dict:
         """Ray runtime_env for the job: every env var Ray can express (actors do not inherit the driver's) and
         attune's package as py_modules (slime's actors inherit the job's runtime_env)."""
-        env: dict[str, str] = {}
+        literal: dict[str, str] = {}
+        expanded: dict[str, str] = {}
         for k, v in self.env.items():
             if isinstance(v, ShellText):
                 if v.ray is None:
                     continue  # computed on the node; reaches the training actors via --train-env-vars
-                env[k] = v.ray
+                expanded[k] = v.ray
             else:
-                env[k] = str(v)
-        out: dict = {"env_vars": env}
+                literal[k] = str(v)
+        out: dict = {"env_vars": ray_env_vars(literal, expanded)}
         if self.py_modules:
             out["py_modules"] = list(self.py_modules)
             out["excludes"] = list(PY_MODULES_EXCLUDES)
@@ -393,6 +398,11 @@ def _check_launchable(model: ModelSpec, cluster_spec: Cluster, layout: Layout, w
     """Raise LaunchError (one line, what is allowed) for a combination slime cannot run."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise LaunchError(f"steps must be a positive integer (got {steps!r})")
+    for flag, v in (("--lr", workload.lr), ("--min-lr", workload.min_lr), ("--lr-warmup-fraction", workload.warmup_fraction),
+                    ("--weight-decay", workload.weight_decay), ("--adam-beta1", workload.adam_beta1),
+                    ("--adam-beta2", workload.adam_beta2)):
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            raise LaunchError(f"{flag} {v!r}: must be a finite number")
     a, b = workload.window
     if not 0 <= a <= b < steps:
         raise LaunchError(f"measurement window {a}..{b} must lie within the {steps} steps 0..{steps - 1}")

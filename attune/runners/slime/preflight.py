@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from attune.errors import RunnerError, UserInputError
 from attune.runners.ray.cluster import ClusterConfig
 from attune.runners.ray.jobs import RayJobs, submission_id
+from attune.runners.shell import command, ray_env_vars
 from attune.runners.slime.launch import ATTUNE_PACKAGE_DIR, PY_MODULES_EXCLUDES
 from attune.runners.slime.preflight_probe import MARKER
 from attune.spec.model import ModelSpec, from_hf_config
@@ -95,8 +96,9 @@ def preflight_job(cfg: ClusterConfig, python: str | None = None) -> tuple[str, d
     spec = {"paths": {k: getattr(cfg.paths, k) for k in ("slime", "megatron", "hf_checkpoint", "torch_dist",
                                                           "sft_data")},
             "python": python or cfg.python, "timeout_s": PREFLIGHT_TIMEOUT_S}
-    entry = f"{python or cfg.python} -m attune.runners.slime.preflight_probe {json.dumps(json.dumps(spec))}"
-    env = {"env_vars": dict(cfg.env), "py_modules": [ATTUNE_PACKAGE_DIR], "excludes": list(PY_MODULES_EXCLUDES)}
+    # Ray runs the entrypoint with a shell: every word quoted, paths and python stay literal (shell.command)
+    entry = command([python or cfg.python, "-m", "attune.runners.slime.preflight_probe", json.dumps(spec)])
+    env = {"env_vars": ray_env_vars(cfg.env, source=f"{cfg.source}: env"), "py_modules": [ATTUNE_PACKAGE_DIR], "excludes": list(PY_MODULES_EXCLUDES)}
     return entry, env
 
 

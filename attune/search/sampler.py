@@ -42,7 +42,7 @@ from attune.estimator import estimate
 from attune.estimator.coefficients import Coefficients
 from attune.search.recalibrate import POSITIONS, THROUGHPUT_NOISE, Calibration, Measurement, recalibrate
 from attune.search.scoring import ScoredSpace
-from attune.search.space import layout_features, layout_key, params_key
+from attune.search.space import layout_features, layout_from_dict, layout_key, params_key
 from attune.spec.layout import Layout
 
 # prior spread of the recalibrated model's log throughput error away from measured layouts (10%: the seed
@@ -68,7 +68,7 @@ EXACT_TOP = 32
 _LIVE = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
 
 
-def busy_or_done_keys(study: optuna.Study) -> set:
+def busy_or_done_keys(study: optuna.Study, num_layers: int) -> set:
     """layout_key and params_key of every trial of the study that is RUNNING, queued (WAITING) or measured
     (has a role); proposals that were only estimated (TPE sampler's pruned trials) do not count."""
     keys: set = set()
@@ -77,15 +77,15 @@ def busy_or_done_keys(study: optuna.Study) -> set:
             continue
         lay = t.user_attrs.get("layout")
         if lay:
-            keys.add(layout_key(lay))
+            keys.add(layout_key(lay, num_layers))
         if t.params:
             keys.add(params_key(t.params))
     return keys
 
 
 def layout_of(d: dict) -> Layout:
-    """A Layout from its `to_dict()` as stored on a trial (JSON turns tuples into lists)."""
-    return Layout(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+    """A Layout from its `to_dict()` as stored on a trial (`attune.search.space.layout_from_dict`)."""
+    return layout_from_dict(d)
 
 
 def measurements_of(study: optuna.Study) -> list[tuple[int, Measurement]]:
@@ -209,7 +209,7 @@ class ModelGuidedSampler(BaseSampler):
     def assess(self, study: optuna.Study) -> Assessment:
         """Recalibrate (when the study's measurements changed) and score every unmeasured layout."""
         meas = measurements_of(study)
-        busy = busy_or_done_keys(study)
+        busy = busy_or_done_keys(study, self.table.context[0].num_layers)
         sig = (tuple((n, m.tokens_per_s_per_gpu, m.oom_stage) for n, m in meas), len(busy), len(self._refused))
         if sig == self._sig and self._assessment is not None:
             return self._assessment
@@ -242,7 +242,7 @@ class ModelGuidedSampler(BaseSampler):
             # run-to-run noise is larger than what separates them
             L, gain = self.table.context[0].num_layers, math.log1p(self.min_gain)
             for _, m in meas:
-                r0 = t.row(layout_key(m.layout))
+                r0 = t.row(layout_key(m.layout, L))
                 ref = mu_model[r0] if r0 is not None and np.isfinite(mu_model[r0]) else -np.inf
                 near = np.abs(t.features - layout_features(m.layout, L)).sum(1) <= NEAR_DUPLICATE
                 avail &= ~(near & (mu_model - ref <= gain))

@@ -376,7 +376,7 @@ class Tuner:
     def _resume_state(self) -> None:
         for r in self.measured():
             if r.layout is not None:
-                self.measured_layouts.add(layout_key(r.layout))
+                self.measured_layouts.add(layout_key(r.layout, self.cfg.model.num_layers))
             if r.outcome == OOM and r.oom_stage is not None:
                 p = r.predicted_stage_gib or []
                 if r.oom_stage < len(p):
@@ -425,10 +425,12 @@ class Tuner:
         when another worker holds the layout or every measurement slot (attune.search.coordination): the trial
         is then a PRUNED `claim-lost` trial carrying the prediction, and the caller takes its next candidate."""
         cfg, study = self.cfg, self.study
-        claim = claim_key(layout_key(layout.to_dict()))
+        L = cfg.model.num_layers
+        claim = claim_key(layout_key(layout, L))
         trial = new_measured_trial(study, self._handle.storage, params, self._dists, claim, retry_of)
         # without heartbeats (a journal) a killed worker's RUNNING claim never ends: no slot rule there
-        lost = contest(study, trial, claim, cfg.trials if self._rdb is not None else 1 << 30)
+        lost = contest(study, trial, claim, cfg.trials if self._rdb is not None else 1 << 30,
+                       rekey=lambda d: claim_key(layout_key(d, L)))
         if lost:
             rec = TrialRecord(kind=KIND_LOST, reason=lost, host=self._host, pid=self._pid)
             rec.set_estimate(est)
@@ -446,7 +448,7 @@ class Tuner:
             with _Heartbeat(self._handle.storage if self._rdb is not None else None, cfg.study_name, trial.number,
                             cfg.heartbeat_interval_s, on_beat=self._fail_stale_after_beat) as beat:
                 rec.save(trial)
-                self.measured_layouts.add(layout_key(layout.to_dict()))
+                self.measured_layouts.add(layout_key(layout, cfg.model.num_layers))
                 self._say(f"running trial {trial.number}: {layout.label()}")
                 res: TrialResult = cfg.runner.run(self._spec(layout, trial.number))
         except KeyboardInterrupt:
@@ -577,7 +579,7 @@ class Tuner:
                 TrialRecord(kind=KIND_RULE, reason=(
                     f"stage {over[0].stage} needs {over[0].total_gib:.1f} GiB, at least as much as a layout that ran "
                     f"out of memory there ({self.oom_floor[over[0].stage]:.1f} GiB predicted)")).save(t)
-            elif layout_key(layout.to_dict()) in self.measured_layouts:
+            elif layout_key(layout, cfg.model.num_layers) in self.measured_layouts:
                 self.counts["duplicate"] += 1
                 TrialRecord(kind=KIND_DUP).save(t)
             elif best_pred and pred < cfg.slack * best_pred:

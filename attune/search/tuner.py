@@ -280,6 +280,7 @@ class Tuner:
         self.shipped = cfg.coefficients if cfg.coefficients is not None else coefficients_for(cfg.cluster.gpu)
         self.model_sampler: ModelGuidedSampler | None = None
         self._proposal_fields: dict = {}
+        self._edge_step: dict | None = None
 
     # ------------------------------------------------------------------ study
     def _open_storage(self):
@@ -664,6 +665,7 @@ class Tuner:
             if rec is None:  # another worker holds that layout or every slot: next candidate
                 continue
             attempts += 1
+            self.record_edge_step(rec)
             self.record_calibration()
             b = self.best_measured()
             self._say(f"best {b.value:,.1f} tokens/s/GPU ({b.label})" if b else "no measured result yet",
@@ -674,7 +676,7 @@ class Tuner:
         top = []
         if self.model_sampler is not None:
             a = self.model_sampler.assess(self.study)
-            regret = a.expected_gain if a.best_tokens is not None else None
+            regret = a.remaining_regret if a.best_tokens is not None else None
             p_imp = a.p_improve if a.best_tokens is not None else None
             top = self.model_sampler.top_predicted(self.study)
         return TuneOutcome(study=self.study, baseline=baseline, best=self.best_measured(),
@@ -692,10 +694,11 @@ class Tuner:
         cfg = self.cfg
         if cfg.budget_gpu_hours is not None and self.gpu_hours() >= cfg.budget_gpu_hours:
             return "budget", f"--budget-gpu-hours {cfg.budget_gpu_hours:g} spent ({self.gpu_hours():.2f} GPU-hours)"
-        if a is not None and a.should_stop(cfg.p_stop):
+        if a is not None and a.should_stop(cfg.p_stop, cfg.min_gain):
             return "rule", (f"stop rule: no unmeasured layout has more than {100 * cfg.p_stop:g}% probability of "
                             f"beating the best measured by more than {100 * cfg.min_gain:g}% "
-                            f"(largest: {100 * a.p_improve:.1f}%)")
+                            f"(largest: {100 * a.p_improve:.1f}%; claimed remaining regret "
+                            f"{100 * a.remaining_regret:.2f}%)")
         return None
 
     def pick_model(self) -> tuple[dict, Layout, Estimate] | None:
@@ -708,11 +711,24 @@ class Tuner:
         layout = ms.table.layouts[row]
         est = estimate(self.cfg.model, self.cfg.cluster, layout, self.cfg.workload, self.cfg.engine,
                        a.calibration.coefficients, check_layout=False)
+        self._edge_step = dict(a.edge_step) if a.edge_step and a.edge_step["row"] == row else None
         self._proposal_fields = dict(
             predicted_shipped_tokens_per_s_per_gpu=round(float(ms.table.tokens[row]), 3),
             predicted_model_tokens_per_s_per_gpu=round(float(math.exp(a.mean_log[row])), 3),
             predicted_spread_percent=round(100 * float(a.spread[row]), 3))
         return dict(ms.table.params[row]), layout, est
+
+    def record_edge_step(self, rec: TrialRecord) -> None:
+        """A measured edge step (attune.search.edge) appended to the study attribute `edge_steps` (read by the
+        report): the trial whose OOM or fit led to it, what changed, and how the step came out."""
+        step, self._edge_step = self._edge_step, None
+        if step is None or self.study is None:
+            return
+        done = list(self.study.user_attrs.get("edge_steps", []))
+        done.append({"after_trial": step["after_trial"], "from": step["from"], "why": step["why"],
+                     "kind": step["kind"], "trial": rec.number, "to": rec.label, "p_fit": step["p_fit"],
+                     "outcome": rec.outcome, "tokens_per_s_per_gpu": rec.value})
+        self.study.set_user_attr("edge_steps", done)
 
     def record_calibration(self) -> None:
         """The study's current calibration as a study attribute (read by the report)."""

@@ -51,7 +51,11 @@ POSITIONS = ("first", "middle", "last")
 # spread near capacity: up to MEMORY_EDGE_GIB within MEMORY_EDGE_FRACTION of capacity (PyTorch's caching
 # allocator splits and retries blocks when nearly full: fragmentation then varies more between runs; an
 # assumption of 1 GiB on a 140 GiB GPU, twice MEMORY_NOISE_GIB)
-MEMORY_SCALE_SD, OOM_NOISE_GIB = 0.05, 1.0
+MEMORY_SCALE_SD, OOM_NOISE_GIB = 0.05, 0.5
+# a pipeline depth's own memory offset (in-flight microbatches and buffers the model prices per PP degree), as a
+# fraction of capacity: a share of the calibration's 4.9% peak MAPE; PP degrees 1, 2, 4, ... 2^(PP_LEVELS - 1)
+MEMORY_PP_FRACTION, PP_LEVELS = 0.02, 7
+_NP = 5 + PP_LEVELS
 MEMORY_EDGE_GIB, MEMORY_EDGE_FRACTION = 1.0, 0.10
 
 
@@ -67,29 +71,32 @@ class MemoryModel:
     gets the allocator's extra spread near capacity (MEMORY_EDGE_GIB)."""
 
     mean: np.ndarray
-    """Posterior mean of (common GiB, first GiB, middle GiB, last GiB, scale)."""
+    """Posterior mean of (common GiB, first GiB, middle GiB, last GiB, scale, one offset per PP degree GiB)."""
     cov: np.ndarray
-    """Posterior covariance (5 x 5)."""
+    """Posterior covariance."""
     capacity_gib: float
     """GPU memory, GiB."""
 
     @staticmethod
-    def design(pred: np.ndarray, position: int, single: bool = False) -> np.ndarray:
-        """Rows of the linear model for predicted stage peaks `pred` (GiB) at position index `position`
-        (a single stage is first and last: half of each)."""
-        X = np.zeros((len(pred), 5))
+    def design(pred: np.ndarray, position: int, pp, single: bool = False) -> np.ndarray:
+        """Rows of the linear model for predicted stage peaks `pred` (GiB) at position index `position` of
+        pipelines of `pp` stages (an int or one per row; a single stage is first and last: half of each)."""
+        X = np.zeros((len(pred), _NP))
         X[:, 0] = 1.0
         if single:
             X[:, 1] = X[:, 3] = 0.5
         else:
             X[:, 1 + position] = 1.0
         X[:, 4] = pred
+        lv = np.minimum(np.round(np.log2(np.broadcast_to(np.asarray(pp, dtype=float), (len(pred),)))), PP_LEVELS - 1)
+        X[np.arange(len(pred)), 5 + lv.astype(int)] = 1.0
         return X
 
-    def predict(self, pred: np.ndarray, position: int, single=None) -> tuple[np.ndarray, np.ndarray]:
-        """(mean, standard deviation) of the true peak, GiB, of stages predicted at `pred` GiB."""
+    def predict(self, pred: np.ndarray, position: int, single=None, pp=1) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, standard deviation) of the true peak, GiB, of stages predicted at `pred` GiB (pipelines of `pp`
+        stages, one per row or one for all)."""
         pred = np.asarray(pred, dtype=float)
-        X = self.design(pred, position)
+        X = self.design(pred, position, pp)
         if single is not None:
             X[single, 1:4] = (0.5, 0.0, 0.5)
         mu = pred + X @ self.mean
@@ -221,8 +228,8 @@ def memory_model(measurements: list[Measurement], ctx: tuple, capacity_gib: floa
                  coef: Coefficients) -> MemoryModel | None:
     """The `MemoryModel` posterior from measured stage peaks and real OOMs (None when there are neither)."""
     model, cluster, workload, engine = ctx
-    obs: list[tuple[float, int, bool, float]] = []  # (predicted GiB, position index, single stage, measured GiB)
-    ooms: list[tuple[float, int, bool]] = []
+    obs: list[tuple[float, int, bool, float, int]] = []  # (predicted GiB, position, single stage, measured GiB, PP)
+    ooms: list[tuple[float, int, bool, int]] = []
     for m in measurements:
         if not m.stage_peak_gib and m.oom_stage is None:
             continue
@@ -237,31 +244,31 @@ def memory_model(measurements: list[Measurement], ctx: tuple, capacity_gib: floa
         if len(peaks) == 1 and pp > 1:  # one peak for the whole run: that of the predicted fullest stage
             peaks = [(int(np.argmax(pred)), peaks[0][1])]
         if m.tokens_per_s_per_gpu:
-            obs += [(pred[s], pos(s), pp == 1, peak) for s, peak in peaks if s < pp]
+            obs += [(pred[s], pos(s), pp == 1, peak, pp) for s, peak in peaks if s < pp]
         if m.oom_stage is not None and m.oom_stage < pp:
-            ooms.append((pred[m.oom_stage], pos(m.oom_stage), pp == 1))
+            ooms.append((pred[m.oom_stage], pos(m.oom_stage), pp == 1, pp))
     if not obs and not ooms:
         return None
     prior = np.diag([(MEMORY_PRIOR_FRACTION * capacity_gib) ** 2] + [(MEMORY_POSITION_FRACTION * capacity_gib) ** 2] * 3
-                    + [MEMORY_SCALE_SD ** 2])
+                    + [MEMORY_SCALE_SD ** 2] + [(MEMORY_PP_FRACTION * capacity_gib) ** 2] * PP_LEVELS)
 
     def fit(rows):
         if not rows:
-            return np.zeros(5), prior
-        X = np.vstack([MemoryModel.design(np.array([p]), k, single) for p, k, single, _, _ in rows])
-        r = np.array([y - p for p, _, _, y, _ in rows])
+            return np.zeros(_NP), prior
+        X = np.vstack([MemoryModel.design(np.array([p]), k, pp, single) for p, k, single, _, pp, _ in rows])
+        r = np.array([y - p for p, _, _, y, _, _ in rows])
         w = np.array([1.0 / n ** 2 for *_, n in rows])
         cov = np.linalg.inv(np.linalg.inv(prior) + (X * w[:, None]).T @ X)
         return cov @ ((X * w[:, None]).T @ r), cov
 
-    rows = [(p, k, single, y, MEMORY_NOISE_GIB) for p, k, single, y in obs]
+    rows = [(p, k, single, y, pp, MEMORY_NOISE_GIB) for p, k, single, y, pp in obs]
     mean, cov = fit(rows)
     # a real OOM: that stage needed more than capacity; where the model does not say so yet, it is a peak at
-    # capacity + OOM_MARGIN_GIB (a censored observation, wider than a measured peak)
-    for _ in range(2):
+    # capacity + OOM_MARGIN_GIB (a censored observation)
+    for _ in range(3):
         mm = MemoryModel(mean=mean, cov=cov, capacity_gib=capacity_gib)
-        extra = [(p, k, single, capacity_gib + OOM_MARGIN_GIB, OOM_NOISE_GIB) for p, k, single in ooms
-                 if mm.predict(np.array([p]), k, np.array([single]))[0][0] < capacity_gib + OOM_MARGIN_GIB]
+        extra = [(p, k, single, capacity_gib + OOM_MARGIN_GIB, pp, OOM_NOISE_GIB) for p, k, single, pp in ooms
+                 if mm.predict(np.array([p]), k, np.array([single]), pp)[0][0] < capacity_gib + OOM_MARGIN_GIB]
         if not extra:
             break
         rows += extra

@@ -56,7 +56,7 @@ KERNEL_LENGTH = 2.0
 # per-knob-step log error of the model (a TP / PP doubling, a recompute unit costing a few percent more or less
 # than modelled: the corpus's per-series throughput MAPE reaches 9.5%, `attune calibrate`), for the linear term of
 # the residual GP, and the prior spread of a level shift common to every layout
-KNOB_EFFECT_SD = 0.0
+KNOB_EFFECT_SD = 0.03
 LEVEL_SD = 0.05
 # knob distance within which an unmeasured layout is a near-duplicate of a measured one (one knob step: a
 # layer split shifted by up to 4 layers in all, a few recomputed layers, one doubling of the microbatch)
@@ -204,6 +204,8 @@ class ModelGuidedSampler(BaseSampler):
         self._log_tokens = np.log(np.maximum(np.nan_to_num(t.tokens, nan=1e-9), 1e-9))
         self._scored = np.isfinite(t.tokens)
         self._single = np.array([lay.pp == 1 for lay in t.layouts], dtype=bool)
+        self._pp = np.array([lay.pp for lay in t.layouts])
+        self._oom_floors: list[tuple[int, int, float]] = []  # (PP, position, shipped predicted GiB) of real OOMs
 
     # ------------------------------------------------------------------ Optuna's sampler interface
     def infer_relative_search_space(self, study, trial):
@@ -260,9 +262,13 @@ class ModelGuidedSampler(BaseSampler):
         p_fit = np.ones(len(pos))
         for j in range(3):
             ok = np.isfinite(self._pos_gib[:, j])
-            m, sd = cal.memory.predict(self._pos_gib[ok, j], j, self._single[ok])
+            m, sd = cal.memory.predict(self._pos_gib[ok, j], j, self._single[ok], self._pp[ok])
             pos[ok, j] = m
             p_fit[ok] *= ndtr((self.capacity - m) / sd)
+        # the monotone rule: a stage position predicted to need at least what one that ran out of memory for real
+        # needed (same pipeline depth, shipped model) runs out too
+        for pp, j, gib in self._oom_floors:
+            p_fit[(self._pp == pp) & (self._pos_gib[:, j] >= gib - 1e-6)] = 0.0
         return pos, p_fit, self.capacity
 
     def assess(self, study: optuna.Study) -> Assessment:
@@ -275,6 +281,12 @@ class ModelGuidedSampler(BaseSampler):
             return self._assessment
         t = self.table
         cal = self._calibrate(meas)
+        self._oom_floors = []
+        for _, m in meas:
+            r = t.row(layout_key(m.layout, L)) if m.oom_stage is not None else None
+            if r is not None and m.oom_stage < len(t.stage_gib[r]):
+                for j in edge_module.position(m.oom_stage, m.layout.pp):
+                    self._oom_floors.append((m.layout.pp, j, float(t.stage_gib[r][m.oom_stage])))
         mu = self._mean_log(cal)
         mu_model = mu.copy()
         pos, p_fit, limit = self._memory(cal)
@@ -399,7 +411,8 @@ class ModelGuidedSampler(BaseSampler):
         pred = np.log([estimate(model, cluster, m.layout, workload, engine, cal.coefficients, check_layout=False)
                        .perf.tokens_per_s_per_gpu for _, m in ok])
         r = np.log([m.tokens_per_s_per_gpu for _, m in ok]) - pred
-        s2 = (PRIOR_WEIGHT * PRIOR_SPREAD ** 2 + float(np.sum(r ** 2))) / (PRIOR_WEIGHT + len(r))
+        # the local term's scale from the residuals around their mean (the level has its own term)
+        s2 = (PRIOR_WEIGHT * PRIOR_SPREAD ** 2 + float(np.sum((r - r.mean()) ** 2))) / (PRIOR_WEIGHT + len(r))
         x0 = X[0]
         Xc, Fc = X - x0, self.table.features - x0
         lin, lvl = KNOB_EFFECT_SD ** 2, LEVEL_SD ** 2

@@ -10,6 +10,7 @@ import optuna
 
 from attune.api.tune import tune_config
 from attune.estimator.coefficients import coefficients_for
+from attune.reporting.edge import edge_section
 from attune.runners.replay import ReplayRow, ReplayRunner
 from attune.search import edge as edge_module
 from attune.search.records import records
@@ -65,6 +66,12 @@ def test_the_best_one_recompute_step_past_an_oom_is_found_within_two_trials(tmp_
             assert best_label in labels[1:3], labels  # found within 2 trials after that OOM
             steps = out.study.user_attrs.get("edge_steps")
             assert steps and steps[0]["after_trial"] == meas[0].number and "stage 0" in steps[0]["why"]
+            # report.md shows the step and the winner's per-stage margin against its measured peaks
+            text = "\n".join(edge_section(c, out))
+            assert f"| {meas[0].number} | {oom_label} | out of memory on stage 0 | more recompute |" in text
+            assert out.best.label == best_label and "margin GiB" in text
+            margin0 = c.cluster.gpu.capacity_gib - out.best.measured_peak_gib[0]
+            assert f"| 0 | {out.best.measured_peak_gib[0]:.2f} |" in text and f"{margin0:.2f} |" in text
         elif oom_label in labels:  # from the usual baseline: never more than 2 trials after the OOM
             assert labels.index(best_label) <= labels.index(oom_label) + 2, labels
 

@@ -242,8 +242,8 @@ class ReplayRunner(Runner):
     def _execute(self, spec: TrialSpec, trial_dir: Path) -> TrialResult:
         if self._num_layers != spec.model.num_layers:
             self._index(spec.model.num_layers)
-        row = next((r for u in self._unknowns if (r := self._table.get(replay_key(spec.layout, spec.model.num_layers, u)))),
-                   None)
+        L = spec.model.num_layers
+        row = next((r for u in self._unknowns if (r := self._table.get(replay_key(spec.layout, L, u)))), None)
         if row is None:
             return TrialResult(status=FAILED, measured=True,
                                reason=f"layout {spec.layout.label()} not in the table {self.source}")

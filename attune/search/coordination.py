@@ -34,7 +34,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from attune.search.records import TrialRecord
 
-__all__ = ["CLAIM", "CLAIM_PREFIX", "claim_of", "RETRY_OF", "WITHDRAWN", "CONTEST_ROUNDS", "claim_key", "new_measured_trial", "contest",
+__all__ = ["CLAIM", "CLAIM_PREFIX", "claim_of",
+           "RETRY_OF", "WITHDRAWN", "CONTEST_ROUNDS", "claim_key", "new_measured_trial", "contest",
            "pending_retries", "slots", "live_claim"]
 
 log = logging.getLogger(__name__)

@@ -107,3 +107,30 @@ def test_the_stop_rule_does_not_fire_while_a_neighbour_of_an_oom_is_predicted_be
     monkeypatch.setattr(edge_module, "EDGE_RADIUS", -1.0)  # no layout is a neighbour of the OOM any more
     a = assess()
     assert a.oom_neighbour is None and a.should_stop(p_stop=0.99, min_gain=0.5)
+
+
+def test_the_memory_model_learns_from_peaks_and_ooms_and_is_least_sure_near_capacity(tmp_path):
+    """Measured stage peaks 6% over the model (a scale error) move the prediction of an unmeasured stage near
+    capacity by about that much; its spread is larger there than at the measured peaks; a real OOM puts its
+    stage over capacity."""
+    from attune.estimator import estimate
+    from attune.search.recalibrate import Measurement, memory_model
+    cfg, table = _setup(tmp_path)
+    shipped = coefficients_for(cfg.cluster.gpu)
+    ctx = (cfg.model, cfg.cluster, cfg.workload, cfg.engine)
+    cap = cfg.cluster.gpu.capacity_gib
+    lay = cfg.baseline
+    e = estimate(cfg.model, cfg.cluster, lay, cfg.workload, cfg.engine, shipped, check_layout=False)
+    peaks = [s.total_gib * 1.06 for s in e.memory.stages]
+    mm = memory_model([Measurement(layout=lay, tokens_per_s_per_gpu=e.perf.tokens_per_s_per_gpu,
+                                   stage_peak_gib=peaks)], ctx, cap, shipped)
+    low, _ = mm.predict([e.memory.stages[0].total_gib], 0, pp=lay.pp)
+    assert abs(low[0] - peaks[0]) < 1.0  # the measured stage is predicted as measured
+    at = np.array([peaks[0] / 1.06, 0.95 * cap])
+    mu, sd = mm.predict(at, 0, pp=lay.pp)
+    assert sd[1] > 1.5 * sd[0]  # least sure near capacity (extrapolated, and the allocator's edge spread)
+    assert mu[1] > at[1] + 0.5 * 0.06 * at[1] - 3.0  # the scale error carried toward capacity
+    oom = _row(table, "TP1 PP4 16/14 DP2 Rb11 mt8192")
+    mm = memory_model([Measurement(layout=table.layouts[oom], oom_stage=0)], ctx, cap, shipped)
+    mu, _ = mm.predict([table.stage_gib[oom][0]], 0, pp=4)
+    assert mu[0] > cap

@@ -1,7 +1,39 @@
 """Search efficiency: measured trials (and GPU-hours) each strategy needs to find the best layout of a world
 whose truth differs from the model the way reality does. Run by hand (minutes on 2 cores):
 
-    python benchmarks/search_efficiency.py [--worlds 10] [--trials 10] [--jobs N] [--out benchmarks]
+    python benchmarks/search_efficiency.py [--kind structural|coefficient] [--worlds 8] [--trials 10] [--jobs N]
+
+Two kinds of worlds, reported apart.
+
+**Structural worlds** (`--kind structural`, the default; issue 20): truths that are not the model. A world
+is the model's predictions times knob effects the model does not have, of either sign and with interactions,
+drawn from a generator seeded by (target, world) only (`make_structural_world`):
+
+* per knob unit (a TP / PP / VPP / CP / EP doubling, SP, selective or full recompute and its fraction of a
+  chunk, optimizer offload, tokens per microbatch, the split's shift, the dispatcher): exp(N(mean, 0.04)), the
+  means of TP, PP and recompute negative (penalties the model lacks: -2%, -2%, -4% per unit);
+* interactions: a recompute penalty growing with PP (N(-0.03, 0.02) per PP doubling x recompute level),
+  TP efficiency depending on SP (N(0, 0.04) per TP doubling without SP), TP x PP (N(0, 0.02));
+* a smooth random landscape: 3 bumps of N(0, 0.03) over knob distance (length 2 knob steps) around random
+  layouts; the sum is centred on its median over the space (effects that re-rank, not a level);
+* run-to-run noise 2-5% (log-normal) per layout; the strategies see the noisy table, the metrics judge the
+  noise-free throughput;
+* memory: every stage's predicted peak x (1 + U(0, 5%)) (memory runs 0-5% over the model) plus per-stage
+  offsets: U(-4%, +4%) of capacity for each stage position (first, middle, last) and U(-3%, +3%) per PP
+  degree, the total offset clipped to +-8% of capacity;
+* best layouts near the edge: a world is redrawn (at most 30 times, same seed stream) until its best layout
+  sits within EDGE_WORLD_MARGIN of capacity.
+
+The targets: a dense model on 8 x H200 (Qwen3.6-27B, the default dense space), a dense model at 64 GPUs
+(Llama-3.1-70B on 64 x H200, the reduced space benchmarks/spaces/dense64.yaml: the full dense space enumerates
+slowly at 64 GPUs) and a MoE model (Qwen3-30B-A3B on 8 x H200, the bundled moe space). Strategies, all through
+the replay runner: attune's default sampler with its stop rule (p_stop 0.05, min_gain 1%) up to --trials,
+plain TPE with the predicted memory as a constraint, random among the layouts predicted to fit, and the grid in
+predicted order (FlagScale AutoTuner's order). A sampler that stopped keeps its best at 5 and 10 trials. Per
+world it also reports the stop rule's claimed remaining regret against the actual regret at its stop.
+
+**Coefficient worlds** (`--kind coefficient`, issue 11) are described below: the estimator itself with scaled
+coefficients, small per-knob effects and memory offsets, so the model's own ranking stays nearly right.
 
 A world is a complete table of measured outcomes over the default dense space, generated from the estimator
 with a random generator seeded by (target, world number) only: nothing a strategy does changes it, and every
@@ -46,12 +78,12 @@ import optuna
 from attune.estimator import estimate
 from attune.estimator.coefficients import coefficients_for
 from attune.runners.base import TrialSpec
-from attune.runners.replay import ReplayRow, ReplayRunner, replay_key
+from attune.runners.replay import ReplayRow, ReplayRunner
 from attune.search.recalibrate import fitted_bounds
 from attune.search.records import records
 from attune.search.sampler import layout_of
 from attune.search.scoring import default_workers, score_space
-from attune.search.space import load_space
+from attune.search.space import FEATURES, layout_features, layout_key, load_space
 from attune.search.tuner import TuneConfig, Tuner
 from attune.spec.baselines import baseline_layout
 from attune.spec.engine import get_engine
@@ -59,9 +91,29 @@ from attune.spec.hardware import parse_cluster
 from attune.spec.layout import Workload
 from attune.spec.model import load_model
 
-TARGETS = (("Qwen3.6-27B", "8xH200"), ("Llama-3.1-8B", "8xH100"))
+TARGETS = (("Qwen3.6-27B", "8xH200", None), ("Llama-3.1-8B", "8xH100", None))
 STRATEGIES = ("attune (recalibrated)", "attune (no recalibration)", "grid, predicted order", "random among fits",
               "TPE + memory constraint")
+# structural worlds (issue 20): targets (model, GPUs, search space) and strategies
+STRUCTURAL_TARGETS = (("Qwen3.6-27B", "8xH200", None),
+                      ("Llama-3.1-70B", "64xH200", str(Path(__file__).parent / "spaces" / "dense64.yaml")),
+                      ("Qwen3-30B-A3B", "8xH200", "moe"))
+STRUCTURAL_STRATEGIES = ("attune (default, stop rule on)", "TPE + memory constraint", "random among fits",
+                         "grid, predicted order")
+# knob effects of a structural world: (feature, mean, sd) per knob unit (attune.search.space.FEATURES); the
+# means of TP, PP and recompute are penalties the model lacks (the issue's measured tables), the sds the
+# corpus's per-series error (MAPE up to 9.5%, `attune calibrate`) spread over a few knob steps
+STRUCT_EFFECTS = (("log2_tp", -0.02, 0.04), ("sp", 0.0, 0.03), ("log2_pp", -0.02, 0.04), ("first_shift", 0.0, 0.02),
+                  ("last_shift", 0.0, 0.02), ("log2_vpp", 0.0, 0.04), ("log2_cp", 0.0, 0.04),
+                  ("selective", -0.02, 0.03), ("full", -0.02, 0.04), ("recompute_fraction", -0.04, 0.04),
+                  ("uniform", 0.0, 0.03), ("offload", 0.0, 0.04), ("log2_tokens", 0.0, 0.03), ("log2_ep", 0.0, 0.04),
+                  ("log2_etp", 0.0, 0.04), ("allgather", 0.0, 0.04))
+STRUCT_BUMPS, STRUCT_BUMP_SD, STRUCT_BUMP_LENGTH = 3, 0.03, 2.0
+# memory of a structural world: scale on every predicted peak, offsets per stage position and per PP degree
+# (fractions of capacity), clipped to +-STRUCT_MEMORY_CLIP of capacity
+STRUCT_MEMORY_SCALE, STRUCT_MEMORY_POSITION, STRUCT_MEMORY_PP, STRUCT_MEMORY_CLIP = (0.0, 0.05), 0.04, 0.03, 0.08
+# a structural world's best layout sits within this fraction of capacity of the edge (else it is redrawn)
+EDGE_WORLD_MARGIN = 0.05
 WITHIN = 0.02  # "reached": within 2% of the world's best layout
 # knob effects the model does not have: log-normal sigma per knob unit (a 4% error per TP / PP doubling or per
 # recompute unit, stacking to ~10% between distant layouts: the corpus's per-series MAPE reaches 9.5%,
@@ -111,12 +163,76 @@ def make_world(target, rng, shipped):
         t = estimate(model, cluster, lay, workload, engine, coef, check_layout=False).perf.tokens_per_s_per_gpu
         t *= math.exp(eff["tp"] * f[0] + eff["pp"] * f[2] + eff["full"] * f[9] + eff["selective"] * f[7]
                       + eff["vpp"] * f[5] + eff["offload"] * f[11])
-        truth[replay_key(lay, model.num_layers)] = t
+        truth[layout_key(lay, model.num_layers)] = t
         t *= math.exp(rng.normal(0, noise))  # what a run measures
         step = workload.tokens_per_step / (t * gpus)
         rows.append(ReplayRow(line=i + 2, layout=lay, outcome="ok", tokens_per_s_per_gpu=t, step_time_s=step,
                               peak_gib=peaks, gpu_hours=gpus * (STARTUP_S + workload.steps * step) / 3600.0))
     return rows, truth
+
+
+def make_structural_world(target, rng, baseline):
+    """One structural world (module docstring): (replay rows, noise-free tokens/s/GPU by layout key, margin of
+    its best layout to capacity as a fraction). Drawn from `rng` alone."""
+    model, cluster, workload, engine, space, table = target
+    L = model.num_layers
+    layouts, stage_gib = list(table.layouts), list(table.stage_gib)
+    tokens, host = table.tokens.copy(), table.host_fits.copy()
+    F = table.features
+    if table.row(layout_key(baseline, L)) is None:  # the baseline outside the space: one more row
+        e = estimate(model, cluster, baseline, workload, engine, table.coefficients, check_layout=False)
+        layouts.append(baseline)
+        stage_gib.append(tuple(x.total_gib for x in e.memory.stages))
+        tokens = np.append(tokens, e.perf.tokens_per_s_per_gpu)
+        host = np.append(host, e.memory.host_fits)
+        F = np.vstack([F, layout_features(baseline, L)])
+    cap = cluster.gpu.capacity_gib
+    idx = {f: i for i, f in enumerate(FEATURES)}
+    pp = np.array([lay.pp for lay in layouts])
+    for _ in range(30):
+        eff = sum(F[:, idx[f]] * rng.normal(m, sd) for f, m, sd in STRUCT_EFFECTS)
+        rec = F[:, idx["selective"]] + F[:, idx["full"]] * (1 + F[:, idx["recompute_fraction"]])
+        eff = eff + rng.normal(-0.03, 0.02) * F[:, idx["log2_pp"]] * rec
+        eff = eff + rng.normal(0, 0.04) * F[:, idx["log2_tp"]] * (1 - F[:, idx["sp"]])
+        eff = eff + rng.normal(0, 0.02) * F[:, idx["log2_tp"]] * F[:, idx["log2_pp"]]
+        for _b in range(STRUCT_BUMPS):
+            c = F[rng.integers(len(F))]
+            eff = eff + rng.normal(0, STRUCT_BUMP_SD) * np.exp(-np.abs(F - c).sum(1) / STRUCT_BUMP_LENGTH)
+        eff = eff - np.median(eff[np.isfinite(tokens)])  # knob effects, not a level: the model's level stays
+        scale = rng.uniform(*STRUCT_MEMORY_SCALE)
+        by_pos = rng.uniform(-STRUCT_MEMORY_POSITION, STRUCT_MEMORY_POSITION, 3) * cap
+        by_pp = {p: rng.uniform(-STRUCT_MEMORY_PP, STRUCT_MEMORY_PP) * cap for p in sorted(set(pp))}
+        noise = rng.uniform(0.02, 0.05)
+        true = np.exp(np.log(np.nan_to_num(tokens, nan=1e-9)) + eff)
+        peaks = []
+        for i, st in enumerate(stage_gib):
+            n = len(st)
+            peaks.append(tuple(p * (1 + scale) + float(np.clip(
+                by_pos[0 if s == 0 else 2 if s == n - 1 else 1] + by_pp[pp[i]], -STRUCT_MEMORY_CLIP * cap,
+                STRUCT_MEMORY_CLIP * cap)) for s, p in enumerate(st)))
+        top = np.array([max(p) for p in peaks])
+        fit = np.isfinite(tokens) & host & (top <= cap)
+        if not fit.any():
+            continue
+        b = int(np.argmax(np.where(fit, true, -np.inf)))
+        margin = (cap - top[b]) / cap
+        if margin <= EDGE_WORLD_MARGIN:
+            break
+    rows, truth = [], {}
+    gpus = cluster.world_size
+    for i, lay in enumerate(layouts):
+        st = table.step_time_s[i] if i < len(table) and np.isfinite(table.step_time_s[i]) else 10.0
+        if not fit[i]:
+            stage = int(np.argmax(np.array(peaks[i]) - cap))
+            rows.append(ReplayRow(line=i + 2, layout=lay, outcome="oom", peak_gib=peaks[i], oom_stage=stage,
+                                  gpu_hours=gpus * (STARTUP_S + st) / 3600.0))
+            continue
+        truth[layout_key(lay, L)] = float(true[i])
+        t = float(true[i]) * math.exp(rng.normal(0, noise))
+        step = workload.tokens_per_step / (t * gpus)
+        rows.append(ReplayRow(line=i + 2, layout=lay, outcome="ok", tokens_per_s_per_gpu=t, step_time_s=step,
+                              peak_gib=peaks[i], gpu_hours=gpus * (STARTUP_S + workload.steps * step) / 3600.0))
+    return rows, truth, margin
 
 
 def trace_of(runner, target, layouts):
@@ -129,15 +245,18 @@ def trace_of(runner, target, layouts):
     return out
 
 
-def run_tuner(target, runner, baseline, note, trials, sampler, recal, seed):
+def run_tuner(target, runner, baseline, note, trials, sampler, recal, seed, stop_rule=False, info=None):
     model, cluster, workload, engine, space, _ = target
     with tempfile.TemporaryDirectory() as d:
         cfg = TuneConfig(model=model, cluster=cluster, engine=engine, workload=workload, space=space, runner=runner,
                          baseline=baseline, baseline_note=note, trials=trials, candidates=32, seed=seed,
                          storage=str(Path(d) / "s.journal"), out_dir=Path(d), sampler=sampler, recalibrate=recal,
-                         p_stop=1e-9)
+                         p_stop=0.05 if stop_rule else 1e-9)
         out = Tuner(cfg).run()
         meas = [r for r in records(out.study) if r.is_measured]
+        if info is not None:
+            info.update(stop_kind=out.stop_kind, claimed=out.remaining_regret,
+                        edge_steps=len(out.study.user_attrs.get("edge_steps", [])))
     return [(layout_of(r.layout), r.gpu_hours or 0.0, r.outcome == "oom") for r in meas][:trials]
 
 
@@ -148,14 +267,15 @@ def metrics(trace, truth, num_layers):
     regret = {}
     for k, (lay, h, oom) in enumerate(trace, start=1):
         hours += h
-        so_far = max(so_far, 0.0 if oom else truth.get(replay_key(lay, num_layers), 0.0))
+        so_far = max(so_far, 0.0 if oom else truth.get(layout_key(lay, num_layers), 0.0))
         if reached is None and so_far >= (1 - WITHIN) * best:
             reached, reached_h = k, hours
         if k in (5, 10):
             regret[k] = 1 - so_far / best
     for k in (5, 10):
         regret.setdefault(k, 1 - so_far / best)
-    return dict(trials=reached, hours=reached_h, r5=regret[5], r10=regret[10], ooms=sum(o for _, _, o in trace))
+    return dict(trials=reached, hours=reached_h, r5=regret[5], r10=regret[10], ooms=sum(o for _, _, o in trace),
+                final=1 - so_far / best, n=len(trace))
 
 
 def pct(xs, q, cap):
@@ -189,19 +309,38 @@ def run_world(job):
     return ti, w, max(truth.values()), {s: metrics(tr, truth, model.num_layers) for s, tr in traces.items()}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--worlds", type=int, default=10, help="worlds per target (2 targets)")
-    ap.add_argument("--trials", type=int, default=10, help="measured trials per strategy and world")
-    ap.add_argument("--jobs", type=int, default=default_workers(), help="worker processes (one world each)")
-    ap.add_argument("--out", default=str(Path(__file__).parent))
-    a = ap.parse_args(argv)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+def run_structural_world(job):
+    """One structural world of one target: every strategy's metrics, and the stop rule's claim."""
+    ti, w, trials = job
+    target, baseline, note, order, fits, shipped = _TARGETS[ti]
+    model, cluster = target[0], target[1]
+    rng = np.random.default_rng([100 + ti, w])
+    rows, truth, margin = make_structural_world(target, rng, baseline)
+    runner = ReplayRunner(f"structural world {ti}/{w}", model=model, world_size=cluster.world_size, rows=rows)
+    table = target[5]
+    base_trace = trace_of(runner, target, [baseline])
+    grid = base_trace + trace_of(runner, target, [table.layouts[i] for i in order[:trials - 1]])
+    pick = rng.choice(fits, size=trials - 1, replace=False)
+    rand = base_trace + trace_of(runner, target, [table.layouts[i] for i in pick])
+    info: dict = {}
     t0 = time.time()
-    results = {s: [] for s in STRATEGIES}
-    for ti, (mname, gpus) in enumerate(TARGETS):
+    traces = {
+        STRUCTURAL_STRATEGIES[0]: run_tuner(target, runner, baseline, note, trials, "model", True, w, True, info),
+        STRUCTURAL_STRATEGIES[1]: run_tuner(target, runner, baseline, note, trials, "tpe", False, w),
+        STRUCTURAL_STRATEGIES[2]: rand, STRUCTURAL_STRATEGIES[3]: grid,
+    }
+    info["wall_s"] = time.time() - t0
+    m = {s: metrics(tr, truth, model.num_layers) for s, tr in traces.items()}
+    info["margin"] = margin
+    return ti, w, max(truth.values()), m, info
+
+
+def load_targets(targets):
+    """Score every target's space once (inherited by forked workers through _TARGETS)."""
+    t0 = time.time()
+    for ti, (mname, gpus, space_name) in enumerate(targets):
         model, cluster, engine, workload = load_model(mname), parse_cluster(gpus), get_engine("slime"), Workload()
-        space = load_space(None)
+        space = load_space(space_name)
         shipped = coefficients_for(cluster.gpu)
         table = score_space(space, model, cluster, workload, engine, shipped)
         target = (model, cluster, workload, engine, space, table)
@@ -209,23 +348,18 @@ def main(argv=None) -> int:
         fits = np.flatnonzero(table.host_fits & (table.peak_gib <= cluster.gpu.capacity_gib * 0.98)
                               & np.isfinite(table.tokens))
         order = fits[np.argsort(-table.tokens[fits])]
+        # the sampler's coefficient sensitivities, once per target before the workers fork (they inherit them)
+        table.sensitivities(tuple(n for n, _, _ in fitted_bounds(shipped)), table.sensitive_rows(cluster.gpu.capacity_gib))
         _TARGETS[ti] = (target, baseline, note, order, fits, shipped)
-        print(f"{mname} on {gpus}: {len(table):,} layouts, {len(fits):,} predicted to fit "
+        print(f"{mname} on {gpus} ({space.name} space): {len(table):,} layouts, {len(fits):,} predicted to fit "
               f"({time.time() - t0:.0f} s)", flush=True)
-    jobs = [(ti, w, a.trials) for ti in range(len(TARGETS)) for w in range(a.worlds)]
-    with ProcessPoolExecutor(max_workers=max(1, a.jobs), mp_context=multiprocessing.get_context("fork")) as pool:
-        for ti, w, best, m in pool.map(run_world, jobs):
-            for s in STRATEGIES:
-                results[s].append(m[s])
-            print(f"  {TARGETS[ti][0]} world {w}: best {best:,.0f} tokens/s/GPU; trials to 2% / regret@10 / OOMs: "
-                  + ", ".join(f"{s.split(' ')[0]}{'+' if 'recal' in s and 'no' not in s else ''}="
-                              f"{m[s]['trials']}/{100 * m[s]['r10']:.2f}%/{m[s]['ooms']}oom" for s in STRATEGIES)
-                  + f" ({time.time() - t0:.0f} s)", flush=True)
-    cap = a.trials + 1
-    n = len(results[STRATEGIES[0]])
+
+
+def summary(results, strategies, trials) -> str:
+    cap = trials + 1
     lines = [f"| strategy | median trials to 2% | p90 trials | median GPU-h to 2% | p90 GPU-h | "
              f"mean regret @5 | mean regret @10 | OOM trials (mean) |", "|---|---|---|---|---|---|---|---|"]
-    for s in STRATEGIES:
+    for s in strategies:
         m = results[s]
         tr = [x["trials"] for x in m]
         hs = [x["hours"] for x in m]
@@ -235,9 +369,58 @@ def main(argv=None) -> int:
                      f"{pct([h for h in hs], 0.9, hcap) if any(h is not None for h in hs) else '-'} | "
                      f"{100 * statistics.mean(x['r5'] for x in m):.2f}% | {100 * statistics.mean(x['r10'] for x in m):.2f}% | "
                      f"{statistics.mean(x['ooms'] for x in m):.2f} |")
-    table_md = "\n".join(lines)
-    print(f"\n{n} worlds, {a.trials} trials each, {time.time() - t0:.0f} s\n\n{table_md}")
-    plot(results, Path(a.out) / "search_efficiency.png", a.trials)
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kind", choices=("structural", "coefficient"), default="structural",
+                    help="structural worlds (issue 20) or coefficient-scaling worlds (issue 11)")
+    ap.add_argument("--worlds", type=int, default=8, help="worlds per target")
+    ap.add_argument("--trials", type=int, default=10, help="measured trials per strategy and world")
+    ap.add_argument("--jobs", type=int, default=default_workers(), help="worker processes (one world each)")
+    ap.add_argument("--out", default=str(Path(__file__).parent))
+    a = ap.parse_args(argv)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    t0 = time.time()
+    structural = a.kind == "structural"
+    targets = STRUCTURAL_TARGETS if structural else TARGETS
+    strategies = STRUCTURAL_STRATEGIES if structural else STRATEGIES
+    load_targets(targets)
+    results = {s: [] for s in strategies}
+    claims = []
+    jobs = [(ti, w, a.trials) for ti in range(len(targets)) for w in range(a.worlds)]
+    fn = run_structural_world if structural else run_world
+    with ProcessPoolExecutor(max_workers=max(1, a.jobs), mp_context=multiprocessing.get_context("fork")) as pool:
+        for out in pool.map(fn, jobs):
+            ti, w, best, m = out[:4]
+            for s in strategies:
+                results[s].append(m[s])
+            extra = ""
+            if structural:
+                info = out[4]
+                d = m[strategies[0]]
+                claims.append((info["claimed"], d["final"], d["n"], info["stop_kind"], ti))
+                extra = (f"; default: {d['n']} trials, stop {info['stop_kind']}, claimed regret "
+                         f"{100 * (info['claimed'] or 0):.2f}% vs actual {100 * d['final']:.2f}%, "
+                         f"{info['edge_steps']} edge steps, {info['wall_s']:.0f} s; best's margin "
+                         f"{100 * info['margin']:.1f}% of capacity")
+            print(f"  {targets[ti][0]} world {w}: best {best:,.0f} tokens/s/GPU; trials to 2% / regret@10 / OOMs: "
+                  + ", ".join(f"{s.split(' ')[0]}={m[s]['trials']}/{100 * m[s]['r10']:.2f}%/{m[s]['ooms']}oom"
+                              for s in strategies) + extra + f" ({time.time() - t0:.0f} s)", flush=True)
+    n = len(results[strategies[0]])
+    print(f"\n{n} {a.kind} worlds, {a.trials} trials each, {time.time() - t0:.0f} s\n\n"
+          + summary(results, strategies, a.trials))
+    if structural:
+        for ti, (mname, gpus, _) in enumerate(targets):
+            sub = {s: [x for x, c in zip(results[s], claims) if c[4] == ti] for s in strategies}
+            print(f"\n{mname} on {gpus}:\n" + summary(sub, strategies, a.trials))
+        ok = sum(1 for c, act, *_ in claims if c is not None and c >= act - 0.01)
+        print(f"\nstop rule: claimed remaining regret >= actual regret - 1% in {ok} of {len(claims)} worlds; "
+              f"stopped by rule in {sum(1 for c in claims if c[3] == 'rule')}; trials used: median "
+              f"{statistics.median(c[2] for c in claims):.0f}, max {max(c[2] for c in claims)}")
+    plot(results, Path(a.out) / ("search_efficiency_structural.png" if structural else "search_efficiency.png"),
+         a.trials)
     return 0
 
 

@@ -36,12 +36,12 @@ def _exhaustive_optimum(cfg):
 def test_enumeration_dedupes_and_matches_to_layout(tmp_path, qwen, slime):
     sp = load_space(SMALL)
     pairs = sp.enumerate(qwen, 8, tune_config(**TARGET, out=tmp_path).workload, slime)
-    keys = [layout_key(lay) for _, lay in pairs]
+    keys = [layout_key(lay, qwen.num_layers) for _, lay in pairs]
     assert len(keys) == len(set(keys)) > 500
     # every parameter set maps back to its layout, and uniform recompute appears once per layout
     wl = tune_config(**TARGET, out=tmp_path).workload
     for params, lay in pairs[::97]:
-        assert layout_key(sp.to_layout(params, qwen, 8, wl, slime)) == layout_key(lay)
+        assert layout_key(sp.to_layout(params, qwen, 8, wl, slime), 64) == layout_key(lay, 64)
 
 
 def test_sim_study_measures_the_exhaustive_optimum_first_and_stops(tmp_path):
@@ -71,7 +71,7 @@ def test_busy_or_done_layouts_are_never_proposed(tmp_path):
     top = ok[np.argmax(table.tokens[ok])]
     from_study.enqueue_trial(table.params[top])
     from_study.ask(cfg.space.distributions())  # a RUNNING trial holding the model's optimum
-    assert params_key(table.params[top]) in busy_or_done_keys(from_study)
+    assert params_key(table.params[top]) in busy_or_done_keys(from_study, cfg.model.num_layers)
     s = ModelGuidedSampler(table=table, shipped=coefficients_for(cfg.cluster.gpu),
                            capacity_gib=cfg.cluster.gpu.capacity_gib, exact=True)
     row = s.propose(from_study)

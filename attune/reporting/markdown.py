@@ -9,6 +9,7 @@ from pathlib import Path
 
 from attune.estimator import estimate
 from attune.estimator.coefficients import coefficients_for
+from attune.reporting.edge import edge_section
 from attune.reporting.plots import plot_study
 from attune.search.ablation import ablation
 from attune.search.storage import mask_url
@@ -215,7 +216,8 @@ def write_report(cfg: TuneConfig, out: TuneOutcome, out_dir: Path, recipe: dict 
     measured = bool(out.best and out.best.measured)
     kind = "measured" if measured else "predicted"
     L = _header(cfg) + _winner(cfg, out, recipe, kind) + _baseline(cfg, out, kind) + list(extra) + _search(cfg, out)
-    L += _top_predicted(cfg, out) + _ablation(cfg) + _calibration(cfg, out) + _measured_table(out, measured)
+    L += _top_predicted(cfg, out) + _ablation(cfg) + _calibration(cfg, out) + edge_section(cfg, out)
+    L += _measured_table(out, measured)
     L.append("## Plots\n")
     for title, name in plots:
         L.append(f"### {title}\n\n![{title}]({name})\n")

@@ -17,13 +17,16 @@ column                     required    meaning
 A ``trials.csv`` written by an earlier study is read as-is: its measured rows (``role`` set), the layout from
 its layout columns, the outcome from ``outcome`` or the trial state (COMPLETE ok, PRUNED oom, FAIL failed),
 the throughput from ``measured_tokens_per_s_per_gpu`` (or the prediction of a ``sim`` study). Layouts are
-matched by TP, SP, PP, the layers of every stage, VPP, CP, recompute, optimizer offload and batching; a
-layout missing from the table fails its trial with "not in the table".
+matched by the one layout key (`attune.spec.identity.layout_key`: every field that can change a measurement,
+the uniform recompute group size and the overlap flags included); a trials.csv carries only its layout columns,
+so the other fields are matched as unknown there. A layout missing from the table fails its trial with "not in
+the table".
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import shlex
 from dataclasses import dataclass
@@ -32,6 +35,7 @@ from pathlib import Path
 from attune.errors import FlagError, LayoutError, UserInputError
 from attune.runners.base import FAILED, OK, OOM, Capabilities, Runner, TrialResult, TrialSpec
 from attune.spec.flags import from_flags
+from attune.spec.identity import layout_key
 from attune.spec.layout import Layout
 from attune.spec.model import ModelSpec
 from attune.spec.placement import stage_layer_counts, virtual_stage_counts
@@ -52,24 +56,20 @@ class ReplayTableError(UserInputError):
     """A measurements table the replay runner cannot read (exit code 2)."""
 
 
-def replay_key(layout: Layout, num_layers: int) -> tuple:
-    """What identifies a layout in a replay table (DP is derived; uniform recompute ignores N)."""
-    uniform = layout.recompute_method == "uniform"
-    full = layout.recompute_granularity == "full"
-    offload = bool(layout.optimizer_cpu_offload)
-    return (layout.tp, bool(layout.sp and layout.tp > 1), layout.pp, tuple(stage_layer_counts(layout, num_layers)),
-            layout.vpp, layout.cp, layout.recompute_granularity, layout.recompute_method if full else None,
-            (0 if uniform else layout.recompute_num_layers) if full else None, offload,
-            layout.max_tokens_per_gpu or None, None if layout.max_tokens_per_gpu else layout.micro_batch_size,
-            # knobs beyond the seed: the modules recomputed (selective), the offloaded fraction, activation
-            # offload, the virtual stages of a pipeline layout string, MoE and precision settings
-            tuple(sorted(layout.effective_recompute_modules)) if layout.recompute_granularity == "selective" else (),
-            layout.offload_fraction if offload else None, tuple(sorted(layout.offload_modules)),
-            tuple(virtual_stage_counts(layout, num_layers) or ()), layout.ep, layout.etp, layout.moe_dispatcher,
-            layout.moe_grouped_gemm, layout.moe_permute_fusion, layout.moe_shared_expert_overlap,
-            layout.moe_capacity_factor, layout.moe_force_balance, layout.mtp_layers, layout.precision,
-            layout.moe_ep_overlap, layout.fp8_format, layout.fp8_recipe if layout.fp8_format else None,
-            layout.fp8_param_gather, layout.fp4_format)
+def replay_key(layout: Layout, num_layers: int, unknown: tuple[str, ...] = ()) -> tuple:
+    """What identifies a layout in a replay table: the one layout key (`attune.spec.identity.layout_key`), with
+    the fields a table cannot carry (`unknown`: a trials.csv has no columns for them) set to their defaults on
+    both sides."""
+    if unknown:
+        layout = dataclasses.replace(layout, **{f: _DEFAULTS[f] for f in unknown})
+    return layout_key(layout, num_layers)
+
+
+# Layout fields a trials.csv carries (attune.reporting.trials_csv.LAYOUT_COLUMNS); the rest are matched as unknown
+_TRIALS_CSV_FIELDS = ("tp", "sp", "pp", "first", "last", "vpp", "cp", "dp", "recompute_granularity",
+                      "recompute_method", "recompute_num_layers", "optimizer_cpu_offload", "max_tokens_per_gpu")
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Layout)}
+_TRIALS_CSV_UNKNOWN = tuple(f for f in _DEFAULTS if f not in _TRIALS_CSV_FIELDS and f not in ("micro_batch_size",))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,6 +92,8 @@ class ReplayRow:
     """Stage that ran out of memory."""
     gpu_hours: float | None = None
     """GPU-hours the run cost (None: GPUs x steps x step time)."""
+    unknown: tuple[str, ...] = ()
+    """Layout fields the table could not carry (a trials.csv's non-layout-column fields): matched as unknown."""
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:
@@ -170,18 +172,20 @@ class ReplayRunner(Runner):
         self.rows = rows
         self._num_layers = model.num_layers if model is not None else None
         self._table: dict[tuple, ReplayRow] = {}
+        self._unknowns: list[tuple[str, ...]] = []
         if self._num_layers is not None:
             self._index(self._num_layers)
 
     def _index(self, num_layers: int) -> None:
         table: dict[tuple, ReplayRow] = {}
         for r in self.rows:
-            k = replay_key(r.layout, num_layers)
+            k = replay_key(r.layout, num_layers, r.unknown)
             if k in table:
                 raise ReplayTableError(f"{self.source}: rows {table[k].line} and {r.line} are the same layout "
                                        f"({r.layout.label()}); keep one row per layout")
             table[k] = r
         self._table, self._num_layers = table, num_layers
+        self._unknowns = sorted({r.unknown for r in self.rows})
 
     @classmethod
     def read(cls, path: str | Path, model: ModelSpec, world_size: int) -> list[ReplayRow]:
@@ -244,11 +248,11 @@ class ReplayRunner(Runner):
             if outcome == OK and tps is None:
                 outcome = FAILED
             peak = _num(g("measured_peak_gib"), float, where)
-            row = ReplayRow(line=n, layout=lay, outcome=outcome, tokens_per_s_per_gpu=tps,
+            row = ReplayRow(line=n, layout=lay, outcome=outcome, tokens_per_s_per_gpu=tps, unknown=_TRIALS_CSV_UNKNOWN,
                             step_time_s=_num(g("step_time_s"), float, where), peak_gib=(peak,) if peak else (),
                             oom_stage=_num(g("predicted_peak_stage"), int, where) if outcome == OOM else None,
                             gpu_hours=_num(g("gpu_hours"), float, where))
-            k = replay_key(lay, model.num_layers)
+            k = replay_key(lay, model.num_layers, _TRIALS_CSV_UNKNOWN)
             if k in seen and seen[k].outcome != FAILED and row.outcome != FAILED:
                 raise ReplayTableError(f"{path}: rows {seen[k].line} and {n} both measured layout {lay.label()}; "
                                        f"a study measures a layout once (a duplicated row?)")
@@ -266,7 +270,8 @@ class ReplayRunner(Runner):
     def _execute(self, spec: TrialSpec, trial_dir: Path) -> TrialResult:
         if self._num_layers != spec.model.num_layers:
             self._index(spec.model.num_layers)
-        row = self._table.get(replay_key(spec.layout, spec.model.num_layers))
+        L = spec.model.num_layers
+        row = next((r for u in self._unknowns if (r := self._table.get(replay_key(spec.layout, L, u)))), None)
         if row is None:
             return TrialResult(status=FAILED, measured=True,
                                reason=f"layout {spec.layout.label()} not in the table {self.source}")

@@ -27,13 +27,15 @@ import json
 import logging
 import random
 import time
+from collections.abc import Callable
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from attune.search.records import TrialRecord
 
-__all__ = ["CLAIM", "RETRY_OF", "WITHDRAWN", "CONTEST_ROUNDS", "claim_key", "new_measured_trial", "contest",
+__all__ = ["CLAIM", "CLAIM_PREFIX", "claim_of",
+           "RETRY_OF", "WITHDRAWN", "CONTEST_ROUNDS", "claim_key", "new_measured_trial", "contest",
            "pending_retries", "slots", "live_claim"]
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,8 @@ log = logging.getLogger(__name__)
 CLAIM, RETRY_OF = "claim", "retry_of"
 # the claim value of a trial that withdrew (lost a contest): not a claim on anything
 WITHDRAWN = ""
+# the prefix of a claim string written with the one layout key (issue 19); older claims are re-keyed (claim_of)
+CLAIM_PREFIX = "k2:"
 # rounds of a contest before the loser gives up on the layout (each after a random wait)
 CONTEST_ROUNDS = 3
 # a loser's random wait before it looks again, seconds: long enough that a rival's write-then-read (a few
@@ -50,8 +54,23 @@ CONTEST_WAIT_S = (0.05, 0.5)
 
 
 def claim_key(key: tuple) -> str:
-    """The claim string of a layout key (``attune.search.tuner.layout_key``): its items as compact JSON."""
-    return json.dumps([list(kv) for kv in key], separators=(",", ":"), sort_keys=False)
+    """The claim string of a layout key (``attune.search.space.layout_key``): CLAIM_PREFIX and its items as
+    compact JSON."""
+    return CLAIM_PREFIX + json.dumps([list(kv) for kv in key], separators=(",", ":"), sort_keys=False)
+
+
+def claim_of(t: FrozenTrial, rekey: Callable[[dict], str] | None = None) -> str | None:
+    """A trial's claim string. A claim written before the one layout key (no CLAIM_PREFIX: an older attune's
+    key, which ignored the uniform recompute group size) is re-keyed from the trial's stored layout with
+    `rekey` (layout dict -> claim string) when given, so a study resumed by this version compares like with
+    like."""
+    c = t.user_attrs.get(CLAIM)
+    if c and rekey is not None and not c.startswith(CLAIM_PREFIX) and t.user_attrs.get("layout"):
+        try:
+            return rekey(t.user_attrs["layout"])
+        except (TypeError, ValueError):  # a layout this version cannot read: its old claim stands
+            return c
+    return c
 
 
 def new_measured_trial(study: optuna.Study, storage: optuna.storages.BaseStorage, params: dict | None,
@@ -69,10 +88,10 @@ def new_measured_trial(study: optuna.Study, storage: optuna.storages.BaseStorage
     return optuna.Trial(study, storage.create_new_trial(study_id, template_trial=frozen))
 
 
-def live_claim(t: FrozenTrial) -> str | None:
+def live_claim(t: FrozenTrial, rekey: Callable[[dict], str] | None = None) -> str | None:
     """The layout a trial holds: RUNNING with a claim, or finished COMPLETE, or PRUNED after a real run
     (out of memory); None for failed trials, proposals and withdrawn claims."""
-    c = t.user_attrs.get(CLAIM)
+    c = claim_of(t, rekey)
     if not c:
         return None
     if t.state == TrialState.RUNNING or t.state == TrialState.COMPLETE:
@@ -89,9 +108,9 @@ def slots(trials: list[FrozenTrial]) -> tuple[int, int]:
     return done, running
 
 
-def _verdict(study: optuna.Study, number: int, claim: str, target: int) -> str | None:
+def _verdict(study: optuna.Study, number: int, claim: str, target: int, rekey=None) -> str | None:
     trials = study.get_trials(deepcopy=False)
-    rivals = [t.number for t in trials if t.number != number and live_claim(t) == claim]
+    rivals = [t.number for t in trials if t.number != number and live_claim(t, rekey) == claim]
     if rivals:
         return f"layout claimed by trial {rivals[0]} (another worker)"
     done, running = slots(trials)
@@ -101,17 +120,18 @@ def _verdict(study: optuna.Study, number: int, claim: str, target: int) -> str |
 
 
 def contest(study: optuna.Study, trial: optuna.Trial, claim: str, target: int,
-            rounds: int = CONTEST_ROUNDS) -> str | None:
+            rounds: int = CONTEST_ROUNDS, rekey: Callable[[dict], str] | None = None) -> str | None:
     """Decide whether ``trial`` (created by :func:`new_measured_trial` with ``claim``) may run: None when it won,
-    else why it lost (its claim is withdrawn then; the caller ends the trial)."""
+    else why it lost (its claim is withdrawn then; the caller ends the trial). ``rekey`` re-keys claims of an
+    older attune (:func:`claim_of`)."""
     why = None
     for r in range(rounds):
         if r:
             time.sleep(random.uniform(*CONTEST_WAIT_S))
-            if any(live_claim(t) == claim for t in study.get_trials(deepcopy=False) if t.number != trial.number):
+            if any(live_claim(t, rekey) == claim for t in study.get_trials(deepcopy=False) if t.number != trial.number):
                 return why  # a rival kept its claim: it won
             trial.set_user_attr(CLAIM, claim)
-        why = _verdict(study, trial.number, claim, target)
+        why = _verdict(study, trial.number, claim, target, rekey)
         if why is None:
             return None
         trial.set_user_attr(CLAIM, WITHDRAWN)

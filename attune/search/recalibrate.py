@@ -45,6 +45,65 @@ MEMORY_PRIOR_FRACTION, MEMORY_POSITION_FRACTION, MEMORY_NOISE_GIB = 0.05, 0.01, 
 # a stage that ran out of memory is put this far over capacity by the offset (GiB)
 OOM_MARGIN_GIB = 0.25
 POSITIONS = ("first", "middle", "last")
+# the per-stage memory correction (`MemoryModel`, issue 20): prior standard deviation of the relative error of a
+# predicted stage peak (the calibration's peak-memory MAPE is 4.9%, `attune calibrate` on memory.yaml), the
+# spread of a real OOM taken as a censored peak at capacity + OOM_MARGIN_GIB (GiB), and the allocator's extra
+# spread near capacity: up to MEMORY_EDGE_GIB within MEMORY_EDGE_FRACTION of capacity (PyTorch's caching
+# allocator splits and retries blocks when nearly full: fragmentation then varies more between runs; an
+# assumption of 1 GiB on a 140 GiB GPU, twice MEMORY_NOISE_GIB)
+MEMORY_SCALE_SD, OOM_NOISE_GIB = 0.05, 0.5
+# a pipeline depth's own memory offset (in-flight microbatches and buffers the model prices per PP degree), as a
+# fraction of capacity: a share of the calibration's 4.9% peak MAPE; PP degrees 1, 2, 4, ... 2^(PP_LEVELS - 1)
+MEMORY_PP_FRACTION, PP_LEVELS = 0.02, 7
+_NP = 5 + PP_LEVELS
+MEMORY_EDGE_GIB, MEMORY_EDGE_FRACTION = 1.0, 0.10
+
+
+@dataclass(kw_only=True)
+class MemoryModel:
+    """Per-stage memory correction learned from every memory measurement of a study: measured stage peaks and
+    the stage of each real OOM (a censored observation: that stage needed more than capacity).
+
+    true peak of a stage = predicted x (1 + scale) + common + deviation of its position (first, middle, last),
+    a Bayesian linear model with the shipped model as its prior (a common offset of MEMORY_PRIOR_FRACTION of
+    capacity, positions MEMORY_POSITION_FRACTION, a scale MEMORY_SCALE_SD). Its predictive spread is largest
+    where it extrapolates (stages predicted far above the measured ones: near capacity, where it matters) and
+    gets the allocator's extra spread near capacity (MEMORY_EDGE_GIB)."""
+
+    mean: np.ndarray
+    """Posterior mean of (common GiB, first GiB, middle GiB, last GiB, scale, one offset per PP degree GiB)."""
+    cov: np.ndarray
+    """Posterior covariance."""
+    capacity_gib: float
+    """GPU memory, GiB."""
+
+    @staticmethod
+    def design(pred: np.ndarray, position: int, pp, single: bool = False) -> np.ndarray:
+        """Rows of the linear model for predicted stage peaks `pred` (GiB) at position index `position` of
+        pipelines of `pp` stages (an int or one per row; a single stage is first and last: half of each)."""
+        X = np.zeros((len(pred), _NP))
+        X[:, 0] = 1.0
+        if single:
+            X[:, 1] = X[:, 3] = 0.5
+        else:
+            X[:, 1 + position] = 1.0
+        X[:, 4] = pred
+        lv = np.minimum(np.round(np.log2(np.broadcast_to(np.asarray(pp, dtype=float), (len(pred),)))), PP_LEVELS - 1)
+        X[np.arange(len(pred)), 5 + lv.astype(int)] = 1.0
+        return X
+
+    def predict(self, pred: np.ndarray, position: int, single=None, pp=1) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, standard deviation) of the true peak, GiB, of stages predicted at `pred` GiB (pipelines of `pp`
+        stages, one per row or one for all)."""
+        pred = np.asarray(pred, dtype=float)
+        X = self.design(pred, position, pp)
+        if single is not None:
+            X[single, 1:4] = (0.5, 0.0, 0.5)
+        mu = pred + X @ self.mean
+        var = np.einsum("ij,jk,ik->i", X, self.cov, X) + MEMORY_NOISE_GIB ** 2
+        edge = MEMORY_EDGE_GIB * np.clip(1.0 - (self.capacity_gib - mu) / (MEMORY_EDGE_FRACTION * self.capacity_gib),
+                                         0.0, 1.0)
+        return mu, np.sqrt(var + edge ** 2)
 
 
 def stage_positions(stage: int, pp: int) -> tuple[str, ...]:
@@ -96,6 +155,8 @@ class Calibration:
     peak or OOM was measured: the sampler keeps the shipped model's headroom)."""
     residual_rms: float = 0.0
     """RMS of log(measured / predicted) after the refit, over the completed trials."""
+    memory: MemoryModel | None = None
+    """The per-stage memory correction (None when no peak or OOM was measured)."""
 
     def __post_init__(self) -> None:
         if set(self.memory_offset_gib) != set(POSITIONS):
@@ -160,7 +221,59 @@ def recalibrate(measurements: list[Measurement], shipped: Coefficients, ctx: tup
             rms = float(np.sqrt(np.mean((resid(theta)[:len(ok)] * THROUGHPUT_NOISE) ** 2)))
     offset, spread = memory_offsets(measurements, ctx, capacity_gib, shipped)
     return Calibration(coefficients=coef, log_shift=shift, memory_offset_gib=offset, memory_spread_gib=spread,
-                       residual_rms=rms)
+                       residual_rms=rms, memory=memory_model(measurements, ctx, capacity_gib, shipped))
+
+
+def memory_model(measurements: list[Measurement], ctx: tuple, capacity_gib: float,
+                 coef: Coefficients) -> MemoryModel | None:
+    """The `MemoryModel` posterior from measured stage peaks and real OOMs (None when there are neither)."""
+    model, cluster, workload, engine = ctx
+    obs: list[tuple[float, int, bool, float, int]] = []  # (predicted GiB, position, single stage, measured GiB, PP)
+    ooms: list[tuple[float, int, bool, int]] = []
+    for m in measurements:
+        if not m.stage_peak_gib and m.oom_stage is None:
+            continue
+        e = estimate(model, cluster, m.layout, workload, engine, coef, check_layout=False)
+        pred = [s.total_gib for s in e.memory.stages]
+        pp = len(pred)
+
+        def pos(s):
+            return 0 if s == 0 else 2 if s == pp - 1 else 1
+
+        peaks = list(enumerate(m.stage_peak_gib or []))
+        if len(peaks) == 1 and pp > 1:  # one peak for the whole run: that of the predicted fullest stage
+            peaks = [(int(np.argmax(pred)), peaks[0][1])]
+        if m.tokens_per_s_per_gpu:
+            obs += [(pred[s], pos(s), pp == 1, peak, pp) for s, peak in peaks if s < pp]
+        if m.oom_stage is not None and m.oom_stage < pp:
+            ooms.append((pred[m.oom_stage], pos(m.oom_stage), pp == 1, pp))
+    if not obs and not ooms:
+        return None
+    prior = np.diag([(MEMORY_PRIOR_FRACTION * capacity_gib) ** 2] + [(MEMORY_POSITION_FRACTION * capacity_gib) ** 2] * 3
+                    + [MEMORY_SCALE_SD ** 2] + [(MEMORY_PP_FRACTION * capacity_gib) ** 2] * PP_LEVELS)
+
+    def fit(rows):
+        if not rows:
+            return np.zeros(_NP), prior
+        X = np.vstack([MemoryModel.design(np.array([p]), k, pp, single) for p, k, single, _, pp, _ in rows])
+        r = np.array([y - p for p, _, _, y, _, _ in rows])
+        w = np.array([1.0 / n ** 2 for *_, n in rows])
+        cov = np.linalg.inv(np.linalg.inv(prior) + (X * w[:, None]).T @ X)
+        return cov @ ((X * w[:, None]).T @ r), cov
+
+    rows = [(p, k, single, y, pp, MEMORY_NOISE_GIB) for p, k, single, y, pp in obs]
+    mean, cov = fit(rows)
+    # a real OOM: that stage needed more than capacity; where the model does not say so yet, it is a peak at
+    # capacity + OOM_MARGIN_GIB (a censored observation)
+    for _ in range(3):
+        mm = MemoryModel(mean=mean, cov=cov, capacity_gib=capacity_gib)
+        extra = [(p, k, single, capacity_gib + OOM_MARGIN_GIB, pp, OOM_NOISE_GIB) for p, k, single, pp in ooms
+                 if mm.predict(np.array([p]), k, np.array([single]), pp)[0][0] < capacity_gib + OOM_MARGIN_GIB]
+        if not extra:
+            break
+        rows += extra
+        mean, cov = fit(rows)
+    return MemoryModel(mean=mean, cov=cov, capacity_gib=capacity_gib)
 
 
 def memory_offsets(measurements: list[Measurement], ctx: tuple, capacity_gib: float,

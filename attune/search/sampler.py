@@ -40,9 +40,10 @@ from scipy.special import ndtr
 
 from attune.estimator import estimate
 from attune.estimator.coefficients import Coefficients
+from attune.search import edge as edge_module
 from attune.search.recalibrate import POSITIONS, THROUGHPUT_NOISE, Calibration, Measurement, recalibrate
 from attune.search.scoring import ScoredSpace
-from attune.search.space import layout_features, layout_key, params_key
+from attune.search.space import layout_features, layout_from_dict, layout_key, params_key
 from attune.spec.layout import Layout
 
 # prior spread of the recalibrated model's log throughput error away from measured layouts (10%: the seed
@@ -55,7 +56,7 @@ KERNEL_LENGTH = 2.0
 # per-knob-step log error of the model (a TP / PP doubling, a recompute unit costing a few percent more or less
 # than modelled: the corpus's per-series throughput MAPE reaches 9.5%, `attune calibrate`), for the linear term of
 # the residual GP, and the prior spread of a level shift common to every layout
-KNOB_EFFECT_SD = 0.0
+KNOB_EFFECT_SD = 0.03
 LEVEL_SD = 0.05
 # knob distance within which an unmeasured layout is a near-duplicate of a measured one (one knob step: a
 # layer split shifted by up to 4 layers in all, a few recomputed layers, one doubling of the microbatch)
@@ -68,7 +69,28 @@ EXACT_TOP = 32
 _LIVE = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
 
 
-def busy_or_done_keys(study: optuna.Study) -> set:
+# the claimed remaining regret: the layouts it looks at (the best by an upper bound) and its Monte Carlo draws
+REGRET_TOP, REGRET_DRAWS = 256, 400
+
+
+def remaining_regret(gap: np.ndarray, spread: np.ndarray, p_fit: np.ndarray, rows: np.ndarray) -> float:
+    """Expected largest improvement over the best measured among `rows` (a bool mask), a fraction: each layout
+    improves by exp(gap + spread x N(0, 1)) - 1 if it fits (probability p_fit), draws independent. Independent
+    draws overstate the largest of correlated layouts, so the claim errs high; the REGRET_TOP layouts with the
+    highest gap + 3 spread carry it (the rest cannot change it by more than their tiny tail)."""
+    idx = np.flatnonzero(rows & np.isfinite(gap))
+    if not len(idx):
+        return 0.0
+    ucb = gap[idx] + 3.0 * spread[idx]
+    idx = idx[np.argsort(-ucb)[:REGRET_TOP]]
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal((REGRET_DRAWS, len(idx)))
+    fit = rng.random((REGRET_DRAWS, len(idx))) < p_fit[idx]
+    imp = np.where(fit, np.expm1(gap[idx] + spread[idx] * z), 0.0)
+    return float(np.mean(np.maximum(imp.max(axis=1), 0.0)))
+
+
+def busy_or_done_keys(study: optuna.Study, num_layers: int) -> set:
     """layout_key and params_key of every trial of the study that is RUNNING, queued (WAITING) or measured
     (has a role); proposals that were only estimated (TPE sampler's pruned trials) do not count."""
     keys: set = set()
@@ -77,15 +99,15 @@ def busy_or_done_keys(study: optuna.Study) -> set:
             continue
         lay = t.user_attrs.get("layout")
         if lay:
-            keys.add(layout_key(lay))
+            keys.add(layout_key(lay, num_layers))
         if t.params:
             keys.add(params_key(t.params))
     return keys
 
 
 def layout_of(d: dict) -> Layout:
-    """A Layout from its `to_dict()` as stored on a trial (JSON turns tuples into lists)."""
-    return Layout(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+    """A Layout from its `to_dict()` as stored on a trial (`attune.search.space.layout_from_dict`)."""
+    return layout_from_dict(d)
 
 
 def measurements_of(study: optuna.Study) -> list[tuple[int, Measurement]]:
@@ -127,8 +149,25 @@ class Assessment:
     peak_gib: np.ndarray = field(repr=False)
     """Predicted peak memory with the recalibrated offsets, GiB per row."""
 
-    def should_stop(self, p_stop: float) -> bool:
-        return self.best_tokens is not None and (self.candidate is None or self.p_improve <= p_stop)
+    p_fit: np.ndarray = field(default=None, repr=False)
+    """Probability of fitting in memory per row (0 where the layout is not a candidate)."""
+    remaining_regret: float = math.inf
+    """The claimed remaining regret: the expected largest improvement over the best measured among the
+    unmeasured layouts, a fraction (`remaining_regret`; inf before a completed trial)."""
+    edge_step: dict | None = None
+    """The edge step proposed (attune.search.edge): row, after_trial, from, why, kind, to, p_fit; else None."""
+    oom_neighbour: int | None = None
+    """Row of an unmeasured neighbour of a measured OOM predicted better than the best measured (None: none)."""
+
+    def should_stop(self, p_stop: float, min_gain: float = 0.01) -> bool:
+        """No candidate has more than p_stop probability of beating the best measured by more than min_gain,
+        the claimed remaining regret is at most min_gain, and no unmeasured neighbour of a measured OOM is
+        predicted better than the best measured."""
+        if self.best_tokens is None:
+            return False
+        if self.candidate is None:
+            return True
+        return self.p_improve <= p_stop and self.remaining_regret <= min_gain and self.oom_neighbour is None
 
 
 class ModelGuidedSampler(BaseSampler):
@@ -164,6 +203,9 @@ class ModelGuidedSampler(BaseSampler):
                 self._pos_gib[i, 1] = max(st[1:-1])
         self._log_tokens = np.log(np.maximum(np.nan_to_num(t.tokens, nan=1e-9), 1e-9))
         self._scored = np.isfinite(t.tokens)
+        self._single = np.array([lay.pp == 1 for lay in t.layouts], dtype=bool)
+        self._pp = np.array([lay.pp for lay in t.layouts])
+        self._oom_floors: list[tuple[int, int, float]] = []  # (PP, position, shipped predicted GiB) of real OOMs
 
     # ------------------------------------------------------------------ Optuna's sampler interface
     def infer_relative_search_space(self, study, trial):
@@ -206,24 +248,51 @@ class ModelGuidedSampler(BaseSampler):
             mu[top] = np.log(self.table.exact_tokens(top, cal.coefficients))
         return mu
 
+    def _memory(self, cal: Calibration) -> tuple[np.ndarray, np.ndarray, float]:
+        """(predicted peak per position (rows, 3; -inf where none), P(fit) per row, the candidate cut in GiB):
+        with the study's memory model (`recalibrate.MemoryModel`) once a peak or an OOM was measured, else the
+        shipped model, MEMORY_SPREAD_GIB and the headroom."""
+        if cal.memory is None:
+            off = np.array([cal.memory_offset_gib[p] for p in POSITIONS])
+            sd = np.array([cal.memory_spread_gib.get(p, MEMORY_SPREAD_GIB) for p in POSITIONS])
+            pos = self._pos_gib + off
+            limit = self.capacity if cal.memory_spread_gib else self.usable
+            return pos, np.prod(ndtr((self.capacity - pos) / sd), axis=1), limit
+        pos = np.full_like(self._pos_gib, -np.inf)
+        p_fit = np.ones(len(pos))
+        for j in range(3):
+            ok = np.isfinite(self._pos_gib[:, j])
+            m, sd = cal.memory.predict(self._pos_gib[ok, j], j, self._single[ok], self._pp[ok])
+            pos[ok, j] = m
+            p_fit[ok] *= ndtr((self.capacity - m) / sd)
+        # the monotone rule: a stage position predicted to need at least what one that ran out of memory for real
+        # needed (same pipeline depth, shipped model) runs out too
+        for pp, j, gib in self._oom_floors:
+            p_fit[(self._pp == pp) & (self._pos_gib[:, j] >= gib - 1e-6)] = 0.0
+        return pos, p_fit, self.capacity
+
     def assess(self, study: optuna.Study) -> Assessment:
         """Recalibrate (when the study's measurements changed) and score every unmeasured layout."""
         meas = measurements_of(study)
-        busy = busy_or_done_keys(study)
+        L = self.table.context[0].num_layers
+        busy = busy_or_done_keys(study, L)
         sig = (tuple((n, m.tokens_per_s_per_gpu, m.oom_stage) for n, m in meas), len(busy), len(self._refused))
         if sig == self._sig and self._assessment is not None:
             return self._assessment
         t = self.table
         cal = self._calibrate(meas)
+        self._oom_floors = []
+        for _, m in meas:
+            r = t.row(layout_key(m.layout, L)) if m.oom_stage is not None else None
+            if r is not None and m.oom_stage < len(t.stage_gib[r]):
+                for j in edge_module.position(m.oom_stage, m.layout.pp):
+                    self._oom_floors.append((m.layout.pp, j, float(t.stage_gib[r][m.oom_stage])))
         mu = self._mean_log(cal)
         mu_model = mu.copy()
-        off = np.array([cal.memory_offset_gib[p] for p in POSITIONS])
-        peak = np.max(self._pos_gib + off, axis=1)
-        # once measured peaks calibrate the memory model, its spread (P(fit)) replaces the headroom
-        limit = self.capacity if cal.memory_spread_gib else self.usable
+        pos, p_fit, limit = self._memory(cal)
+        peak = np.max(pos, axis=1)
         fits = t.host_fits & (peak <= limit) & self._scored
-        sd = np.array([cal.memory_spread_gib.get(p, MEMORY_SPREAD_GIB) for p in POSITIONS])
-        p_fit = np.where(fits, np.prod(ndtr((self.capacity - (self._pos_gib + off)) / sd), axis=1), 0.0)
+        p_fit = np.where(fits, p_fit, 0.0)
         avail = fits.copy()
         for k in busy:
             r = t.row(k)
@@ -236,21 +305,24 @@ class ModelGuidedSampler(BaseSampler):
         spread = np.zeros(len(t))
         if ok and not self.exact:
             mu, spread = self._posterior(mu, ok, cal)
+        unmeasured = avail.copy()  # before the near-duplicate rule: edge steps may take near-duplicates
         if best is not None and not self.exact:
-            # near-duplicates of a measured layout (within NEAR_DUPLICATE knob steps) are not worth a trial
+            # near-duplicates of a completed measurement (within NEAR_DUPLICATE knob steps) are not worth a trial
             # unless the recalibrated model predicts them better than that layout by more than min_gain: the
-            # run-to-run noise is larger than what separates them
-            L, gain = self.table.context[0].num_layers, math.log1p(self.min_gain)
-            for _, m in meas:
-                r0 = t.row(layout_key(m.layout))
+            # run-to-run noise is larger than what separates them (a neighbour of an OOM is not a duplicate)
+            gain = math.log1p(self.min_gain)
+            for _, m in ok:
+                r0 = t.row(layout_key(m.layout, L))
                 ref = mu_model[r0] if r0 is not None and np.isfinite(mu_model[r0]) else -np.inf
                 near = np.abs(t.features - layout_features(m.layout, L)).sum(1) <= NEAR_DUPLICATE
                 avail &= ~(near & (mu_model - ref <= gain))
+        y = math.log(best) if best is not None else -math.inf
+        edge = None if self.exact else self._edge_step(meas, ok, best, mu, pos, p_fit, unmeasured, L)
+        guard = None if self.exact else self._oom_guard(meas, mu, pos, p_fit, unmeasured, y, L)
         if best is None:
             acq = np.where(avail, mu, -np.inf)
-            p_imp, gain = 1.0, math.inf
+            p_imp, gain, claim = 1.0, math.inf, math.inf
         else:
-            y = math.log(best)
             gap = mu - y
             with np.errstate(divide="ignore", invalid="ignore"):
                 z = np.where(spread > 0, gap / np.maximum(spread, 1e-12), np.sign(gap) * np.inf)
@@ -262,14 +334,72 @@ class ModelGuidedSampler(BaseSampler):
             ei, pi = np.where(avail, ei, -np.inf), np.where(avail, pi, 0.0)
             p_imp = float(pi.max()) if avail.any() else 0.0
             gain = float(max(ei.max(), 0.0)) if avail.any() else 0.0
+            claim = remaining_regret(gap, spread, p_fit, unmeasured)
             # ties (no spread, nothing better predicted): the best predicted candidate
             acq = ei + 1e-9 * np.where(avail, mu - y, 0.0)
         cand = int(np.argmax(acq)) if avail.any() else None
+        if edge is not None:
+            cand = edge["row"]
+        elif guard is not None and cand is None:
+            cand = guard
         self._sig = sig
         self._assessment = Assessment(candidate=cand, p_improve=p_imp, expected_gain=gain, best_tokens=best,
                                       candidates=int(avail.sum()), calibration=cal, mean_log=mu, spread=spread,
-                                      peak_gib=peak)
+                                      peak_gib=peak, p_fit=p_fit, remaining_regret=claim, edge_step=edge,
+                                      oom_neighbour=guard)
         return self._assessment
+
+    def _edge_step(self, meas, ok, best, mu, pos, p_fit, unmeasured, L) -> dict | None:
+        """The edge step after the latest measurement (attune.search.edge), or None: after a real OOM the
+        cheapest change taking memory off its stage that is likely to fit (when predicted better than the best
+        measured); after the best measured fit, the step toward less recompute when the model says it pays
+        (predicted better by more than half of min_gain, likely to fit)."""
+        if not meas:
+            return None
+        number, last = meas[-1]
+        r0 = self.table.row(layout_key(last.layout, L))
+        if r0 is None:
+            return None
+        F = self.table.features
+        y = math.log(best) if best is not None else -math.inf
+        if last.oom_stage is not None:
+            js = edge_module.position(last.oom_stage, last.layout.pp)
+            rows = edge_module.off_stage_rows(F, pos, r0, js, self.table.layouts, L, last.oom_stage)
+            rows &= unmeasured & (p_fit >= edge_module.EDGE_P_FIT)
+            rows &= mu > y
+            why = f"out of memory on stage {last.oom_stage}"
+        elif last.tokens_per_s_per_gpu and best is not None and last.tokens_per_s_per_gpu >= best:
+            rows = edge_module.less_recompute_rows(F, r0) & unmeasured & (p_fit >= edge_module.EDGE_P_FIT)
+            rows &= p_fit * (mu - y) > 0.5 * math.log1p(self.min_gain)
+            # only where the study is at the front: no candidate elsewhere predicted better by more than min_gain
+            top = float(np.max(np.where(unmeasured, mu, -np.inf))) if unmeasured.any() else -np.inf
+            rows &= mu >= top - math.log1p(self.min_gain)
+            why = "fitted"
+        else:
+            return None
+        if not rows.any():
+            return None
+        score = np.where(rows, mu if last.oom_stage is not None else p_fit * (mu - y), -np.inf)
+        r = int(np.argmax(score))
+        return {"row": r, "after_trial": number, "from": last.layout.label(), "why": why,
+                "kind": edge_module.step_kind(F[r0], F[r]), "to": self.table.layouts[r].label(),
+                "p_fit": round(float(p_fit[r]), 3)}
+
+    def _oom_guard(self, meas, mu, pos, p_fit, unmeasured, y, L) -> int | None:
+        """An unmeasured neighbour of a measured OOM (a layout taking memory off the stage that ran out,
+        attune.search.edge) that is likely to fit and predicted better than the best measured: its row (the best
+        predicted), else None. The stop rule never fires while there is one."""
+        F = self.table.features
+        rows = np.zeros(len(F), dtype=bool)
+        for _, m in meas:
+            if m.oom_stage is None:
+                continue
+            r0 = self.table.row(layout_key(m.layout, L))
+            if r0 is not None:
+                rows |= edge_module.off_stage_rows(F, pos, r0, edge_module.position(m.oom_stage, m.layout.pp),
+                                                   self.table.layouts, L, m.oom_stage)
+        rows &= unmeasured & (p_fit >= edge_module.EDGE_P_FIT) & (mu > y)
+        return int(np.argmax(np.where(rows, mu, -np.inf))) if rows.any() else None
 
     def _posterior(self, mu: np.ndarray, ok: list[tuple[int, Measurement]], cal: Calibration):
         """GP on the residuals log(measured / recalibrated prediction): a per-knob linear term (each knob step
@@ -281,7 +411,8 @@ class ModelGuidedSampler(BaseSampler):
         pred = np.log([estimate(model, cluster, m.layout, workload, engine, cal.coefficients, check_layout=False)
                        .perf.tokens_per_s_per_gpu for _, m in ok])
         r = np.log([m.tokens_per_s_per_gpu for _, m in ok]) - pred
-        s2 = (PRIOR_WEIGHT * PRIOR_SPREAD ** 2 + float(np.sum(r ** 2))) / (PRIOR_WEIGHT + len(r))
+        # the local term's scale from the residuals around their mean (the level has its own term)
+        s2 = (PRIOR_WEIGHT * PRIOR_SPREAD ** 2 + float(np.sum((r - r.mean()) ** 2))) / (PRIOR_WEIGHT + len(r))
         x0 = X[0]
         Xc, Fc = X - x0, self.table.features - x0
         lin, lvl = KNOB_EFFECT_SD ** 2, LEVEL_SD ** 2

@@ -85,8 +85,9 @@ class ScoredSpace:
         if not (len(self.params) == len(self.layouts) == len(self.tokens) == len(self.peak_gib)):
             raise ValueError("ScoredSpace: params, layouts, tokens and peak_gib must have one entry per layout")
         if not self.index:
+            L = self.context[0].num_layers
             for i, (p, lay) in enumerate(zip(self.params, self.layouts)):
-                self.index.setdefault(layout_key(lay), i)
+                self.index.setdefault(layout_key(lay, L), i)
                 self.index.setdefault(params_key(p), i)
 
     def __len__(self) -> int:
@@ -171,7 +172,7 @@ def score_space(space: SearchSpace, model: ModelSpec, cluster: Cluster, workload
             shards = list(pool.map(_score_shard, jobs))
     merged, seen = [], set()
     for r in sorted((r for s in shards for r in s), key=lambda r: r[0]):
-        k = layout_key(r[2])
+        k = layout_key(r[2], model.num_layers)
         if k not in seen:
             seen.add(k)
             merged.append(r)

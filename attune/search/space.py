@@ -24,6 +24,7 @@ from attune.spec.layout import Layout, Workload
 from attune.errors import LayoutError
 from attune.spec.rules import check, layout_string_refusal
 from attune.spec.placement import stage_layer_counts
+from attune.spec.identity import KEY_DERIVED_FIELDS, layout_from_dict, layout_key  # noqa: F401 (re-exported)
 from attune.spec.knobs import OFFLOAD_MODULES, RECOMPUTE_MODULES
 from attune.spec.pipeline_layout import layout_string
 from attune.spec.model import ModelSpec
@@ -75,19 +76,6 @@ POSITIVE_INT = {"tp", "pp", "vpp", "cp", "tokens_per_microbatch_rows", "ep", "et
 FEATURES = ("log2_tp", "sp", "log2_pp", "first_shift", "last_shift", "log2_vpp", "log2_cp", "selective", "full",
             "recompute_fraction", "uniform", "offload", "log2_tokens", "log2_ep", "log2_etp", "allgather")
 LAYERS_PER_FEATURE_UNIT = 4.0
-
-
-_LAYOUT_FIELDS = tuple(sorted(f.name for f in dataclasses.fields(Layout)))
-
-
-def layout_key(d: dict | Layout) -> tuple:
-    """Identity of a layout (a Layout or its `to_dict()`) for "already measured": uniform recompute in groups
-    of N recomputes every layer whatever N, so N does not make a different layout worth another measurement."""
-    d = {f: getattr(d, f) for f in _LAYOUT_FIELDS} if isinstance(d, Layout) else dict(d)
-    d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}  # a to_dict() read back from JSON
-    if d.get("recompute_method") == "uniform":
-        d["recompute_num_layers"] = 0
-    return tuple(sorted(d.items()))
 
 
 def params_key(params: dict) -> tuple:
@@ -246,7 +234,7 @@ class SearchSpace:
                             lay = self.to_layout(params, model, world_size, workload, engine)
                         except LayoutError:
                             continue
-                        out.setdefault(layout_key(lay), (counter, params, lay))
+                        out.setdefault(layout_key(lay, L), (counter, params, lay))
         if shard is None:
             return [(p, lay) for _, p, lay in sorted(out.values(), key=lambda x: x[0])]
         return list(out.values())

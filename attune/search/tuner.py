@@ -285,6 +285,7 @@ class Tuner:
         self.model_sampler: ModelGuidedSampler | None = None
         self._proposal_fields: dict = {}
         self.asked: list[int] = []
+        self._edge_step: dict | None = None
 
     # ------------------------------------------------------------------ study
     def _open_storage(self):
@@ -384,7 +385,7 @@ class Tuner:
     def _resume_state(self) -> None:
         for r in self.measured():
             if r.layout is not None:
-                self.measured_layouts.add(layout_key(r.layout))
+                self.measured_layouts.add(layout_key(r.layout, self.cfg.model.num_layers))
             if r.outcome == OOM and r.oom_stage is not None:
                 p = r.predicted_stage_gib or []
                 if r.oom_stage < len(p):
@@ -433,10 +434,12 @@ class Tuner:
         when another worker holds the layout or every measurement slot (attune.search.coordination): the trial
         is then a PRUNED `claim-lost` trial carrying the prediction, and the caller takes its next candidate."""
         cfg, study = self.cfg, self.study
-        claim = claim_key(layout_key(layout.to_dict()))
+        L = cfg.model.num_layers
+        claim = claim_key(layout_key(layout, L))
         trial = new_measured_trial(study, self._handle.storage, params, self._dists, claim, retry_of)
         # without heartbeats (a journal) a killed worker's RUNNING claim never ends: no slot rule there
-        lost = contest(study, trial, claim, cfg.trials if self._rdb is not None else 1 << 30)
+        lost = contest(study, trial, claim, cfg.trials if self._rdb is not None else 1 << 30,
+                       rekey=lambda d: claim_key(layout_key(d, L)))
         if lost:
             rec = TrialRecord(kind=KIND_LOST, reason=lost, host=self._host, pid=self._pid)
             rec.set_estimate(est)
@@ -454,7 +457,7 @@ class Tuner:
             with _Heartbeat(self._handle.storage if self._rdb is not None else None, cfg.study_name, trial.number,
                             cfg.heartbeat_interval_s, on_beat=self._fail_stale_after_beat) as beat:
                 rec.save(trial)
-                self.measured_layouts.add(layout_key(layout.to_dict()))
+                self.measured_layouts.add(layout_key(layout, cfg.model.num_layers))
                 self._say(f"running trial {trial.number}: {layout.label()}")
                 res: TrialResult = cfg.runner.run(self._spec(layout, trial.number))
         except KeyboardInterrupt:
@@ -587,7 +590,7 @@ class Tuner:
                 TrialRecord(kind=KIND_RULE, reason=(
                     f"stage {over[0].stage} needs {over[0].total_gib:.1f} GiB, at least as much as a layout that ran "
                     f"out of memory there ({self.oom_floor[over[0].stage]:.1f} GiB predicted)")).save(t)
-            elif layout_key(layout.to_dict()) in self.measured_layouts:
+            elif layout_key(layout, cfg.model.num_layers) in self.measured_layouts:
                 self.counts["duplicate"] += 1
                 TrialRecord(kind=KIND_DUP).save(t)
             elif best_pred and pred < cfg.slack * best_pred:
@@ -672,6 +675,7 @@ class Tuner:
             if rec is None:  # another worker holds that layout or every slot: next candidate
                 continue
             attempts += 1
+            self.record_edge_step(rec)
             self.record_calibration()
             b = self.best_measured()
             self._say(f"best {b.value:,.1f} tokens/s/GPU ({b.label})" if b else "no measured result yet",
@@ -682,7 +686,7 @@ class Tuner:
         top = []
         if self.model_sampler is not None:
             a = self.model_sampler.assess(self.study)
-            regret = a.expected_gain if a.best_tokens is not None else None
+            regret = a.remaining_regret if a.best_tokens is not None else None
             p_imp = a.p_improve if a.best_tokens is not None else None
             top = self.model_sampler.top_predicted(self.study)
         return TuneOutcome(study=self.study, baseline=baseline, best=self.best_measured(),
@@ -700,10 +704,11 @@ class Tuner:
         cfg = self.cfg
         if cfg.budget_gpu_hours is not None and self.gpu_hours() >= cfg.budget_gpu_hours:
             return "budget", f"--budget-gpu-hours {cfg.budget_gpu_hours:g} spent ({self.gpu_hours():.2f} GPU-hours)"
-        if a is not None and a.should_stop(cfg.p_stop):
+        if a is not None and a.should_stop(cfg.p_stop, cfg.min_gain):
             return "rule", (f"stop rule: no unmeasured layout has more than {100 * cfg.p_stop:g}% probability of "
                             f"beating the best measured by more than {100 * cfg.min_gain:g}% "
-                            f"(largest: {100 * a.p_improve:.1f}%)")
+                            f"(largest: {100 * a.p_improve:.1f}%; claimed remaining regret "
+                            f"{100 * a.remaining_regret:.2f}%)")
         return None
 
     def pick_model(self) -> tuple[dict, Layout, Estimate] | None:
@@ -716,11 +721,24 @@ class Tuner:
         layout = ms.table.layouts[row]
         est = estimate(self.cfg.model, self.cfg.cluster, layout, self.cfg.workload, self.cfg.engine,
                        a.calibration.coefficients, check_layout=False)
+        self._edge_step = dict(a.edge_step) if a.edge_step and a.edge_step["row"] == row else None
         self._proposal_fields = dict(
             predicted_shipped_tokens_per_s_per_gpu=round(float(ms.table.tokens[row]), 3),
             predicted_model_tokens_per_s_per_gpu=round(float(math.exp(a.mean_log[row])), 3),
             predicted_spread_percent=round(100 * float(a.spread[row]), 3))
         return dict(ms.table.params[row]), layout, est
+
+    def record_edge_step(self, rec: TrialRecord) -> None:
+        """A measured edge step (attune.search.edge) appended to the study attribute `edge_steps` (read by the
+        report): the trial whose OOM or fit led to it, what changed, and how the step came out."""
+        step, self._edge_step = self._edge_step, None
+        if step is None or self.study is None:
+            return
+        done = list(self.study.user_attrs.get("edge_steps", []))
+        done.append({"after_trial": step["after_trial"], "from": step["from"], "why": step["why"],
+                     "kind": step["kind"], "trial": rec.number, "to": rec.label, "p_fit": step["p_fit"],
+                     "outcome": rec.outcome, "tokens_per_s_per_gpu": rec.value})
+        self.study.set_user_attr("edge_steps", done)
 
     def record_calibration(self) -> None:
         """The study's current calibration as a study attribute (read by the report)."""

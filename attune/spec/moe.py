@@ -32,6 +32,7 @@ token passes through, output layer included, no input embedding, no 1-D vectors)
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from attune.errors import ModelError
@@ -250,13 +251,20 @@ SLIME_MOE_COMMON = ("--moe-router-score-function", "softmax", "--moe-token-drop-
 the layout (``attune.spec.flags.to_flags``)."""
 
 
+LAYER_FREQ_CHARS = re.compile(r"[,\d\[\]\(\)\+\*]+")
+"""The only characters Megatron accepts in a ``--moe-layer-freq`` list expression: Megatron-LM 1dcf0daf
+megatron/training/arguments.py ``_eval_pattern`` (lines 198-206) raises ValueError on any other character,
+so a space makes ``moe_freq_type`` fail ("invalid moe_freq_type value") and argparse exit 2."""
+
+
 def layer_freq_arg(moe: MoESpec, num_layers: int) -> str:
     """``--moe-layer-freq`` as Megatron parses it (a Python list expression, arguments.py
-    ``moe_freq_type``): every layer MoE -> the explicit list of ones slime's scripts write; dense layers ->
-    runs, e.g. DeepSeek-V3 ``([0]*3+[1]*58)`` (slime scripts/models/deepseek-v3.sh writes this form)."""
+    ``moe_freq_type`` / ``_eval_pattern``: no spaces): every layer MoE -> the explicit list of ones slime's
+    scripts write (they join with ``IFS=', '``, whose first character is ``,``: ``[1,1,...]``); dense layers
+    -> runs, e.g. DeepSeek-V3 ``([0]*3+[1]*58)`` (slime scripts/models/deepseek-v3.sh writes this form)."""
     pat = moe.pattern or (1,) * num_layers
     if all(pat):
-        return "[" + ", ".join(["1"] * num_layers) + "]"
+        return _checked_freq("[" + ",".join(["1"] * num_layers) + "]")
     runs: list[list[int]] = []
     for x in pat:
         if runs and runs[-1][0] == x:
@@ -264,8 +272,14 @@ def layer_freq_arg(moe: MoESpec, num_layers: int) -> str:
         else:
             runs.append([x, 1])
     if len(runs) > 2:  # alternating patterns: the explicit list reads better than many runs
-        return "[" + ", ".join(str(x) for x in pat) + "]"
-    return "(" + "+".join(f"[{x}]*{n}" for x, n in runs) + ")"
+        return _checked_freq("[" + ",".join(str(x) for x in pat) + "]")
+    return _checked_freq("(" + "+".join(f"[{x}]*{n}" for x, n in runs) + ")")
+
+
+def _checked_freq(text: str) -> str:
+    if not LAYER_FREQ_CHARS.fullmatch(text):  # a bug in this module, never user input
+        raise AssertionError(f"--moe-layer-freq {text!r} has characters Megatron's _eval_pattern refuses")
+    return text
 
 
 def moe_model_args(moe: MoESpec, num_layers: int) -> list[str]:

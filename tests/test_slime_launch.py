@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from attune.cli import main
 from attune.spec.engine import get_engine
 from attune.spec.hardware import parse_cluster
 from attune.spec.layout import Layout, Workload
@@ -722,3 +723,22 @@ def test_recipe_records_the_launch_versions_and_throughput_basis():
     assert tp["tokens_per_s_per_gpu_step_time"] < res.tokens_per_s_per_gpu
     assert _throughput_basis(slime_cfg, best, measured=False) == {"throughput_basis": "predicted"}
     assert _throughput_basis(slime_cfg, SimpleNamespace(extra={}), measured=True) == {"throughput_basis": "step"}
+
+
+def test_save_option_for_real_runs(capsys):
+    recipe = load_recipe(SEED)
+    trial = command_for_recipe(recipe)
+    assert "--save" not in trial.flags and "--save-interval" not in trial.flags  # a measurement saves nothing
+    cmd = command_for_recipe(recipe, save="/ckpt/run 1")
+    f = cmd.flags
+    assert f[f.index("--save") + 1] == "/ckpt/run 1" and f[f.index("--save-interval") + 1] == "20"  # once, at the end
+    assert "--save '/ckpt/run 1'" in cmd.to_shell()  # quoted
+    f = command_for_recipe(recipe, save="/ckpt", save_interval=5).flags
+    assert f[f.index("--save-interval") + 1] == "5"
+    with pytest.raises(LaunchError, match="needs --save"):
+        command_for_recipe(recipe, save_interval=5)
+    with pytest.raises(LaunchError, match="positive"):
+        command_for_recipe(recipe, save="/ckpt", save_interval=0)
+    assert main(["slime", "command", "--recipe", str(SEED), "--save", "/c"]) == 0
+    assert "--save /c" in capsys.readouterr().out
+    assert main(["slime", "command", "--recipe", str(SEED), "--save-interval", "3"]) == 2

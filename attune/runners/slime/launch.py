@@ -470,15 +470,37 @@ def _runtime_flags(slug: str, nvlink: str | int) -> list[str]:
     return flags
 
 
+def _save_flags(save: str | None, save_interval: int | None, steps: int) -> list[str]:
+    """Megatron checkpoints of a real run: ``--save DIR --save-interval N`` (slime re-registers both,
+    slime/utils/arguments.py lines 854-855 at 624b824a, and asserts --save when --save-interval is given,
+    line 1844). slime's training loop saves when ``should_run_periodic_action(rollout_id, save_interval, ...,
+    num_rollout)`` holds (train_async.py lines 55-61), which includes the last rollout, so the default interval
+    (the step count) saves once, at the end. Without ``save`` a trial saves nothing (it is a measurement)."""
+    if save is None:
+        if save_interval is not None:
+            raise LaunchError("--save-interval needs --save DIR (slime asserts --save when save_interval is set)")
+        return []
+    if not str(save).strip():
+        raise LaunchError("--save needs a directory (got an empty path)")
+    n = steps if save_interval is None else save_interval
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise LaunchError(f"--save-interval must be a positive number of steps (got {save_interval!r})")
+    return ["--save", save, "--save-interval", str(n)]
+
+
 def slime_command(model: ModelSpec, cluster_spec: Cluster, layout: Layout, workload: Workload,
                   cluster_cfg: ClusterConfig | None = None, steps: int | None = None, async_: bool = True,
-                  trial: str | None = None, python: str | None = None, probe: bool = True) -> LaunchCommand:
+                  trial: str | None = None, python: str | None = None, probe: bool = True,
+                  save: str | None = None, save_interval: int | None = None) -> LaunchCommand:
     """The slime launch of one trial: `steps` optimizer steps (= rollouts) of `layout` on `cluster_spec`.
 
     steps defaults to workload.steps (20 in the seed). trial names the TensorBoard run and the output folder.
+    save: a directory for Megatron checkpoints (a real run; ``--save``), every `save_interval` steps and at
+    the last (default: the last only).
     """
     steps = workload.steps if steps is None else steps
     _check_launchable(model, cluster_spec, layout, workload, cluster_cfg, steps)
+    save_flags = _save_flags(save, save_interval, steps)
     slug = trial_slug(trial or f"attune-{layout.slug()}")
     paths = _paths(cluster_cfg)
     py = python or (cluster_cfg.python if cluster_cfg else "python3")
@@ -486,7 +508,7 @@ def slime_command(model: ModelSpec, cluster_spec: Cluster, layout: Layout, workl
     env, setup = _launch_env(paths, nvlink, cluster_cfg, slug)
     flags = (["--actor-num-nodes", str(cluster_spec.nodes), "--actor-num-gpus-per-node", str(cluster_spec.gpus_per_node)]
              + model_args(model) + _data_flags(model, paths, workload, steps) + _layout_flags(layout)
-             + _optimizer_flags(workload) + _runtime_flags(slug, nvlink))
+             + _optimizer_flags(workload) + _runtime_flags(slug, nvlink) + save_flags)
     script = ASYNC_SCRIPT if async_ else SYNC_SCRIPT
     written_for = launch_versions()
     comment = (f"attune slime trial {slug}: {model.name}, {layout.label()}, {steps} steps of "
@@ -501,13 +523,15 @@ def slime_command(model: ModelSpec, cluster_spec: Cluster, layout: Layout, workl
 
 # ---------------------------------------------------------------------- from a recipe
 def command_for_recipe(recipe: dict, cluster_cfg: ClusterConfig | None = None, async_: bool = True,
-                       source: str = "recipe") -> LaunchCommand:
+                       source: str = "recipe", save: str | None = None,
+                       save_interval: int | None = None) -> LaunchCommand:
     """The slime launch of a recipe's model, gpu, layout and workload (the `attune slime command` view).
 
     The recipe is read by attune.recipe.target.recipe_target, the one recipe parser: optimizer settings from
     the recipe's `run` flags when it has them (else attune's defaults, which are the seed's), the step count and
     window from its `result` block (else 20 steps, window 5..19). source names the recipe in messages.
+    save / save_interval: checkpoints of a real run (``slime_command``).
     """
     t = recipe_target(recipe, engine="slime", source=source)
     return slime_command(t.model, t.cluster, t.layout, t.workload, cluster_cfg=cluster_cfg, async_=async_,
-                         trial=f"attune-{t.layout.slug()}")
+                         trial=f"attune-{t.layout.slug()}", save=save, save_interval=save_interval)

@@ -42,6 +42,8 @@ from __future__ import annotations
 import functools
 
 from attune.errors import ModelError
+from attune.spec import families  # noqa: F401 - registers the plug-in families (attune.spec.families)
+from attune.spec.family_registry import by_hf_type
 from attune.spec.mla import MLASpec, mla_from_hf
 from attune.spec.moe import HF_MOE_TYPES, MoESpec, moe_from_hf
 
@@ -123,6 +125,7 @@ class ModelSpec:
     rotary_percent: float = 1.0
     norm_eps: float = 1e-6
     qk_norm: bool = False
+    qk_norm_full: bool = False  # q/k norms over the whole projection (MiniMax-M2 per_layer), not per head
     attn_bias: bool = False  # q/k/v biases (qwen2) or all biases (gpt2)
     attn_output_gate: bool = False
     layer_types: tuple[str, ...] = ()  # FULL or LINEAR per layer
@@ -272,7 +275,7 @@ class ModelSpec:
         mixer = h * q_out + 2 * h * self.kv_dim + self.q_dim * h
         vec = 0
         if self.qk_norm:
-            vec += 2 * self.head_dim
+            vec += self.q_dim + self.kv_dim if self.qk_norm_full else 2 * self.head_dim
         if self.attn_bias and (self.family == "gpt2" or self.attn_out_bias):
             vec += q_out + 2 * self.kv_dim + h
         elif self.attn_bias:
@@ -445,6 +448,9 @@ def from_hf_config(cfg: dict, name: str = "model", where: str | None = None) -> 
     mt = cfg.get("model_type") or outer_type
     if mt is None:
         raise ModelError(f"{where}: config is missing the field 'model_type'")
+    plugin = by_hf_type(mt)  # a family plug-in (attune.spec.families) reads its own configs
+    if plugin is not None:
+        return ModelSpec(name=name, family=plugin.name, model_type=mt, source=src, **plugin.read(cfg, where))
     n_experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0
     moe = None
     hf_type = mt

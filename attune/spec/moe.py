@@ -36,6 +36,7 @@ import re
 from dataclasses import dataclass
 
 from attune.errors import ModelError
+from attune.spec.family_registry import by_name as registered_family
 
 MOE_FAMILIES = ("qwen3_moe", "qwen3_next", "qwen3_5_moe", "mixtral", "deepseek_v3", "gpt_oss")
 """MoE families attune reads from a Hugging Face config."""
@@ -87,7 +88,7 @@ class MoESpec:
     0: none."""
 
     def __post_init__(self) -> None:
-        if self.family not in MOE_FAMILIES:
+        if self.family not in MOE_FAMILIES and registered_family(self.family) is None:  # or a plug-in family
             raise ModelError(f"MoE family '{self.family}' is not modelled; allowed: {', '.join(MOE_FAMILIES)}")
         for k in ("experts", "top_k", "expert_ffn"):
             if getattr(self, k) < 1:

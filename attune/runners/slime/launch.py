@@ -45,6 +45,7 @@ from attune.errors import UserInputError
 from attune.recipe.target import recipe_target
 from attune.runners.ray.cluster import PATH_VARS, ClusterConfig
 from attune.spec.engine import get_engine
+from attune.spec.family_registry import by_name as family_plugin
 from attune.spec.flags import table_describes, to_flags
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
@@ -157,7 +158,10 @@ def trial_slug(name: str) -> str:
 # ---------------------------------------------------------------------- model arguments
 def model_args(model: ModelSpec) -> list[str]:
     """Megatron-LM / slime architecture flags for a model; MoE models add slime's MoE model arguments
-    (``attune.spec.moe.moe_model_args``)."""
+    (``attune.spec.moe.moe_model_args``). A plug-in family (``attune.spec.family_registry``) writes its own."""
+    plugin = family_plugin(model.family)
+    if plugin is not None:
+        return plugin.model_args(model)
     a = _dense_model_args(model)
     if model.moe is not None:
         a += moe_model_args(model.moe, model.num_layers)

@@ -1,0 +1,10 @@
+"""Model families as plug-ins (``attune.spec.family_registry``): importing this package registers each.
+
+One module per family: ``glm4_moe`` (GLM-4.5 / 4.5-Air), ``glm4_moe_lite`` (GLM-4.7-Flash), ``minimax_m2``.
+The families built into ``attune.spec.model`` (llama, qwen3_5, gpt2, nemotron, deepseek_v3, gpt_oss) predate
+the registry.
+"""
+
+from attune.spec.families import glm4_moe, glm4_moe_lite, minimax_m2  # noqa: F401 - registers the families
+
+__all__ = ["glm4_moe", "glm4_moe_lite", "minimax_m2"]

@@ -1,0 +1,153 @@
+"""Model families as plug-ins (attune.spec.family_registry, attune.spec.families) and the models slime ships
+(issue 21): parameter counts against megatron-core's meta-device count or the published figure, and the launch's
+model arguments against slime's MODEL_ARGS flag by flag.
+
+The expected argument lists are slime 624b824a scripts/models/*.sh MODEL_ARGS with the shell variables
+substituted, less the layout flags attune's layout writes (--moe-token-dispatcher-type, --moe-grouped-gemm,
+--moe-permute-fusion; the baselines set them) and less --attention-softmax-in-fp32 (every attune launch passes it
+in its runtime flags). Written out here because the slime checkout is not available to the tests.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from attune.cli import main
+from attune.errors import ModelError
+from attune.spec.baselines import baseline_layout
+from attune.spec.engine import get_engine
+from attune.spec.family_registry import by_hf_type, by_name, names
+from attune.spec.flags import known_flag, to_flags
+from attune.spec.hardware import parse_cluster
+from attune.spec.layout import Workload
+from attune.spec.model import from_hf_config, load_model
+from attune.runners.slime.launch import model_args, slime_command
+
+LAYOUT_FLAGS = ("--moe-token-dispatcher-type", "--moe-grouped-gemm", "--moe-permute-fusion")
+
+# slime 624b824a scripts/models/<file>: MODEL_ARGS, variables substituted (see the module doc)
+SLIME_MODEL_ARGS = {
+    "GLM-4.5-Air": ("glm4.5-106B-A12B.sh", """
+        --disable-bias-linear --group-query-attention --num-attention-heads 96 --num-query-groups 8 --kv-channels 128
+        --num-layers 46 --hidden-size 4096 --ffn-hidden-size 10944 --add-qkv-bias --normalization RMSNorm
+        --position-embedding-type rope --rotary-percent 0.5 --swiglu --untie-embeddings-and-output-weights
+        --vocab-size 151552 --rotary-base 1000000 --moe-ffn-hidden-size 1408 --moe-shared-expert-intermediate-size 1408
+        --moe-router-pre-softmax --moe-router-score-function sigmoid --moe-router-enable-expert-bias
+        --moe-router-bias-update-rate 0 --moe-router-load-balancing-type seq_aux_loss --moe-token-dispatcher-type alltoall
+        --moe-router-topk 8 --moe-layer-freq [0]*1+[1]*45 --num-experts 128 --moe-grouped-gemm --moe-router-dtype fp32
+        --moe-permute-fusion --moe-aux-loss-coeff 0"""),
+    "GLM-4.5-355B-A32B": ("glm4.5-355B-A32B.sh", """
+        --disable-bias-linear --qk-layernorm --group-query-attention --num-attention-heads 96 --num-query-groups 8
+        --kv-channels 128 --num-layers 92 --hidden-size 5120 --ffn-hidden-size 12288 --add-qkv-bias
+        --normalization RMSNorm --position-embedding-type rope --rotary-percent 0.5 --swiglu
+        --untie-embeddings-and-output-weights --vocab-size 151552 --rotary-base 1000000 --moe-ffn-hidden-size 1536
+        --moe-shared-expert-intermediate-size 1536 --moe-router-pre-softmax --moe-router-score-function sigmoid
+        --moe-router-enable-expert-bias --moe-router-bias-update-rate 0 --moe-router-load-balancing-type seq_aux_loss
+        --moe-token-dispatcher-type alltoall --moe-router-topk 8 --moe-router-topk-scaling-factor 2.5
+        --moe-layer-freq [0]*3+[1]*89 --num-experts 160 --moe-grouped-gemm --moe-router-dtype fp32 --moe-permute-fusion
+        --moe-aux-loss-coeff 0"""),
+    "GLM-4.7-30B-A3B": ("glm4.7-30B-A3B.sh", """
+        --moe-layer-freq [0]*1+[1]*46 --num-experts 64 --moe-shared-expert-intermediate-size 1536 --moe-router-topk 4
+        --moe-grouped-gemm --moe-permute-fusion --moe-ffn-hidden-size 1536 --moe-router-score-function sigmoid
+        --moe-router-pre-softmax --moe-router-enable-expert-bias --moe-router-bias-update-rate 0
+        --moe-router-load-balancing-type seq_aux_loss --moe-router-topk-scaling-factor 1.8 --moe-aux-loss-coeff 0
+        --moe-router-dtype fp32 --make-vocab-size-divisible-by 64 --num-layers 47 --hidden-size 2048
+        --ffn-hidden-size 10240 --num-attention-heads 20 --disable-bias-linear --add-qkv-bias --swiglu
+        --untie-embeddings-and-output-weights --position-embedding-type rope --no-position-embedding
+        --normalization RMSNorm --qk-layernorm --multi-latent-attention --q-lora-rank 768 --kv-lora-rank 512
+        --qk-head-dim 192 --v-head-dim 256 --kv-channels 192 --qk-pos-emb-head-dim 64 --vocab-size 154880
+        --rotary-base 1000000 --no-rope-fusion"""),
+    "MiniMax-M2": ("minimax-m2.sh", """
+        --spec slime_plugins.models.minimax_m2 get_minimax_m2_layer_spec --disable-bias-linear --num-layers 62
+        --hidden-size 3072 --ffn-hidden-size 1536 --num-attention-heads 48 --kv-channels 128 --num-query-groups 8
+        --normalization RMSNorm --position-embedding-type rope --norm-epsilon 1e-6 --swiglu
+        --untie-embeddings-and-output-weights --vocab-size 200064 --group-query-attention --rotary-percent 0.5
+        --rotary-base 5000000 --qk-layernorm --no-rope-fusion --attention-softmax-in-fp32 --num-experts 256
+        --moe-ffn-hidden-size 1536 --moe-router-topk 8 --moe-layer-freq [1]*62 --moe-router-pre-softmax
+        --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-load-balancing-type none
+        --moe-token-dispatcher-type alltoall --moe-router-dtype fp32 --moe-aux-loss-coeff 0 --moe-grouped-gemm
+        --moe-permute-fusion"""),
+}
+RUNTIME_FLAGS = ("--attention-softmax-in-fp32",)
+
+
+def _expected(text: str) -> list[str]:
+    words, out, skip = shlex.split(text), [], False
+    for i, w in enumerate(words):
+        if skip:
+            skip = False
+            continue
+        if w in LAYOUT_FLAGS + RUNTIME_FLAGS:
+            skip = w == "--moe-token-dispatcher-type"
+            continue
+        out.append(w)
+    return out
+
+
+def test_new_families_are_registered_plug_ins():
+    assert {"glm4_moe", "glm4_moe_lite", "minimax_m2"} <= set(names())
+    assert by_hf_type("glm4_moe").name == "glm4_moe" and by_name("minimax_m2").hf_types == ("minimax_m2",)
+    assert load_model("GLM-4.5-Air").family == "glm4_moe"
+    with pytest.raises(ModelError, match="missing the field 'n_routed_experts'"):
+        from_hf_config({"model_type": "glm4_moe", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+                        "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts_per_tok": 2,
+                        "vocab_size": 100})
+
+
+@pytest.mark.parametrize("name", sorted(SLIME_MODEL_ARGS))
+def test_model_args_equal_slimes_flag_by_flag(name):
+    m = load_model(name)
+    got = model_args(m)
+    assert got == _expected(SLIME_MODEL_ARGS[name][1]), SLIME_MODEL_ARGS[name][0]
+    assert all(known_flag(w) is not None for w in got if w.startswith("--"))
+    # the layout flags the script also sets come from the baseline layout, once
+    lay = baseline_layout(m, parse_cluster("8x8xH200"), Workload(), get_engine("slime"))[0]
+    flags = to_flags(lay)
+    assert flags[flags.index("--moe-token-dispatcher-type") + 1] == "alltoall"
+    assert "--moe-grouped-gemm" in flags and "--moe-permute-fusion" in flags
+
+
+# megatron-core's meta-device count equals attune's without the multi-token-prediction modules (megatron-core
+# builds them only with --mtp-num-layers); MiniMax-M2's QK norms span the projection (transformers q_norm of
+# heads x head_dim), megatron-core's local spec norms per head: the difference is exactly that, per layer.
+@pytest.mark.parametrize("name", ["GLM-4.5-Air", "GLM-4.5-355B-A32B", "MiniMax-M2", "Qwen3-30B-A3B"])
+def test_moe_param_counts_match_megatron_core(name):
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed: pip install 'attune[megatron]'")
+    from attune.spec.crosscheck import megatron_param_count  # noqa: PLC0415 - optional extra
+
+    m = load_model(name)
+    norm_gap = m.num_layers * (m.q_dim + m.kv_dim - 2 * m.head_dim) if m.qk_norm_full else 0
+    assert megatron_param_count(m) + norm_gap == m.total_params - m.mtp_params
+
+
+# Published totals and activated counts, billions: Z.ai GLM-4.5 model card (GLM-4.5 355B / 32B active,
+# GLM-4.5-Air 106B / 12B active); GLM-4.7-Flash model card (30B-A3B); MiniMax-M2 model card (230B / 10B activated).
+# Published figures are rounded and leave the MTP modules out.
+PUBLISHED = {"GLM-4.5-Air": (106, 12), "GLM-4.5-355B-A32B": (355, 32), "GLM-4.7-30B-A3B": (30, 3),
+             "MiniMax-M2": (230, 10)}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_param_counts_near_the_published_figures(name):
+    m = load_model(name)
+    total, active = PUBLISHED[name]
+    assert abs((m.total_params - m.mtp_params) / 1e9 - total) / total < 0.01
+    assert abs((m.activated_params - m.mtp_params) / 1e9 - active) / active < 0.12
+
+
+def test_attune_models_lists_every_new_model(capsys):
+    assert main(["models", "--json"]) == 0
+    out = capsys.readouterr().out
+    for name in ("GLM-4.5-Air", "GLM-4.5-355B-A32B", "GLM-4.7-30B-A3B", "MiniMax-M2"):
+        assert name in out
+
+
+@pytest.mark.parametrize("name,gpus", [("GLM-4.5-Air", "2x8xH200"), ("MiniMax-M2", "8x8xH200"),
+                                       ("GLM-4.7-30B-A3B", "8xH200"), ("GLM-4.5-355B-A32B", "8x8xH200")])
+def test_new_moe_models_have_a_slime_launch(name, gpus):
+    m, cl = load_model(name), parse_cluster(gpus)
+    lay, note = baseline_layout(m, cl, Workload(), get_engine("slime"))
+    cmd = slime_command(m, cl, lay, Workload())
+    assert cmd.flags.count("--num-layers") == 1 and "--moe-layer-freq" in cmd.flags

@@ -151,3 +151,101 @@ def test_new_moe_models_have_a_slime_launch(name, gpus):
     lay, note = baseline_layout(m, cl, Workload(), get_engine("slime"))
     cmd = slime_command(m, cl, lay, Workload())
     assert cmd.flags.count("--num-layers") == 1 and "--moe-layer-freq" in cmd.flags
+
+
+# Dense models of the llama family (Qwen2.5, Qwen3, Llama 3.x): attune writes Megatron's canonical spellings, so
+# these compare as flag -> value maps with two equivalences of Megatron-LM 1dcf0daf: --use-rotary-position-embeddings
+# is --position-embedding-type rope (arguments.py line 1678), and --kv-channels defaults to hidden / heads
+# (validate_args), so an explicit value equal to that default is the same model.
+SLIME_DENSE_ARGS = {
+    "Qwen2.5-0.5B": "--swiglu --num-layers 24 --hidden-size 896 --ffn-hidden-size 4864 --num-attention-heads 14 "
+                    "--use-rotary-position-embeddings --disable-bias-linear --add-qkv-bias --normalization RMSNorm "
+                    "--norm-epsilon 1e-6 --rotary-base 1000000 --group-query-attention --num-query-groups 2 "
+                    "--vocab-size 151936",
+    "Qwen2.5-1.5B": "--swiglu --num-layers 28 --hidden-size 1536 --ffn-hidden-size 8960 --num-attention-heads 12 "
+                    "--use-rotary-position-embeddings --disable-bias-linear --add-qkv-bias --normalization RMSNorm "
+                    "--norm-epsilon 1e-6 --rotary-base 10000 --group-query-attention --num-query-groups 2 "
+                    "--vocab-size 151936",
+    "Qwen2.5-3B": "--swiglu --num-layers 36 --hidden-size 2048 --ffn-hidden-size 11008 --num-attention-heads 16 "
+                  "--use-rotary-position-embeddings --disable-bias-linear --add-qkv-bias --normalization RMSNorm "
+                  "--norm-epsilon 1e-6 --rotary-base 1000000 --group-query-attention --num-query-groups 2 "
+                  "--vocab-size 151936",
+    "Qwen2.5-7B": "--swiglu --num-layers 28 --hidden-size 3584 --ffn-hidden-size 18944 --num-attention-heads 28 "
+                  "--group-query-attention --num-query-groups 4 --use-rotary-position-embeddings --disable-bias-linear "
+                  "--add-qkv-bias --normalization RMSNorm --norm-epsilon 1e-06 --rotary-base 1000000 --vocab-size 152064 "
+                  "--untie-embeddings-and-output-weights",
+    "Qwen2.5-32B": "--swiglu --num-layers 64 --hidden-size 5120 --ffn-hidden-size 27648 --num-attention-heads 40 "
+                   "--group-query-attention --num-query-groups 8 --use-rotary-position-embeddings --disable-bias-linear "
+                   "--add-qkv-bias --normalization RMSNorm --norm-epsilon 1e-5 --rotary-base 1000000 --vocab-size 152064 "
+                   "--untie-embeddings-and-output-weights",
+    "Qwen3-0.6B": "--swiglu --num-layers 28 --hidden-size 1024 --ffn-hidden-size 3072 --num-attention-heads 16 "
+                  "--group-query-attention --num-query-groups 8 --use-rotary-position-embeddings --disable-bias-linear "
+                  "--normalization RMSNorm --norm-epsilon 1e-6 --rotary-base 1000000 --vocab-size 151936 "
+                  "--kv-channels 128 --qk-layernorm",
+    "Qwen3-1.7B": "--swiglu --num-layers 28 --hidden-size 2048 --ffn-hidden-size 6144 --num-attention-heads 16 "
+                  "--group-query-attention --num-query-groups 8 --use-rotary-position-embeddings --disable-bias-linear "
+                  "--normalization RMSNorm --norm-epsilon 1e-6 --rotary-base 1000000 --vocab-size 151936 "
+                  "--kv-channels 128 --qk-layernorm",
+    "Qwen3-4B": "--swiglu --num-layers 36 --hidden-size 2560 --ffn-hidden-size 9728 --num-attention-heads 32 "
+                "--group-query-attention --num-query-groups 8 --use-rotary-position-embeddings --disable-bias-linear "
+                "--normalization RMSNorm --norm-epsilon 1e-6 --rotary-base 1000000 --vocab-size 151936 "
+                "--kv-channels 128 --qk-layernorm",
+    "Qwen3-4B-Instruct-2507": "--swiglu --num-layers 36 --hidden-size 2560 --ffn-hidden-size 9728 "
+                              "--num-attention-heads 32 --group-query-attention --num-query-groups 8 "
+                              "--use-rotary-position-embeddings --disable-bias-linear --normalization RMSNorm "
+                              "--norm-epsilon 1e-6 --rotary-base 5000000 --vocab-size 151936 --kv-channels 128 "
+                              "--qk-layernorm",
+    "Qwen3-8B": "--swiglu --num-layers 36 --hidden-size 4096 --ffn-hidden-size 12288 --num-attention-heads 32 "
+                "--group-query-attention --num-query-groups 8 --use-rotary-position-embeddings --disable-bias-linear "
+                "--normalization RMSNorm --norm-epsilon 1e-6 --rotary-base 1000000 --vocab-size 151936 "
+                "--kv-channels 128 --qk-layernorm --untie-embeddings-and-output-weights",
+    "Qwen3-14B": "--swiglu --num-layers 40 --hidden-size 5120 --ffn-hidden-size 17408 --num-attention-heads 40 "
+                 "--group-query-attention --num-query-groups 8 --use-rotary-position-embeddings --disable-bias-linear "
+                 "--normalization RMSNorm --norm-epsilon 1e-6 --rotary-base 1000000 --vocab-size 151936 "
+                 "--kv-channels 128 --qk-layernorm --untie-embeddings-and-output-weights",
+    "Qwen3-32B": "--swiglu --num-layers 64 --hidden-size 5120 --ffn-hidden-size 25600 --num-attention-heads 64 "
+                 "--group-query-attention --num-query-groups 8 --use-rotary-position-embeddings --disable-bias-linear "
+                 "--normalization RMSNorm --norm-epsilon 1e-6 --rotary-base 1000000 --vocab-size 151936 "
+                 "--kv-channels 128 --qk-layernorm --untie-embeddings-and-output-weights",
+    "Llama-3.2-3B": "--swiglu --num-layers 28 --hidden-size 3072 --ffn-hidden-size 8192 --num-attention-heads 24 "
+                    "--group-query-attention --num-query-groups 8 --max-position-embeddings 131072 "
+                    "--use-rotary-position-embeddings --disable-bias-linear --normalization RMSNorm --norm-epsilon 1e-5 "
+                    "--rotary-base 500000 --vocab-size 128256 --kv-channels 128 --use-rope-scaling "
+                    "--rotary-scaling-factor 32.0",
+    "Llama-3.1-8B": "--swiglu --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 "
+                    "--group-query-attention --num-query-groups 8 --max-position-embeddings 131072 "
+                    "--use-rotary-position-embeddings --disable-bias-linear --normalization RMSNorm --norm-epsilon 1e-5 "
+                    "--rotary-base 500000 --vocab-size 128256 --kv-channels 128 --use-rope-scaling "
+                    "--rotary-scaling-factor 8.0 --untie-embeddings-and-output-weights",
+}
+
+
+def _as_map(words: list[str], m) -> dict:
+    out, key = {}, None
+    for w in words:
+        if w.startswith("--"):
+            key = w
+            out[key] = ()
+        else:
+            out[key] = out[key] + (w,)
+    if out.pop("--use-rotary-position-embeddings", None) is not None:
+        out["--position-embedding-type"] = ("rope",)
+    if out.get("--kv-channels") == (str(m.hidden // m.heads),):
+        del out["--kv-channels"]
+    return {k: tuple(float(v) if v.replace(".", "", 1).replace("e-", "", 1).isdigit() else v for v in vals)
+            for k, vals in out.items()}
+
+
+@pytest.mark.parametrize("name", sorted(SLIME_DENSE_ARGS))
+def test_dense_model_args_equal_slimes(name):
+    m = load_model(name)
+    assert _as_map(model_args(m), m) == _as_map(shlex.split(SLIME_DENSE_ARGS[name]), m)
+
+
+@pytest.mark.parametrize("name", ["Qwen2.5-0.5B", "Qwen2.5-7B", "Qwen3-0.6B", "Qwen3-8B", "Llama-3.2-3B"])
+def test_dense_param_counts_match_megatron_core(name):
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed: pip install 'attune[megatron]'")
+    from attune.spec.crosscheck import megatron_param_count  # noqa: PLC0415 - optional extra
+
+    m = load_model(name)
+    assert megatron_param_count(m) == m.total_params

@@ -123,6 +123,7 @@ class ModelSpec:
     max_positions: int = 4096
     rope_theta: float = 10000.0
     rotary_percent: float = 1.0
+    rope_scaling_factor: float = 0.0  # Llama-3 rope scaling (HF rope_scaling rope_type llama3 factor); 0: none
     norm_eps: float = 1e-6
     qk_norm: bool = False
     qk_norm_full: bool = False  # q/k norms over the whole projection (MiniMax-M2 per_layer), not per head
@@ -513,7 +514,10 @@ def from_hf_config(cfg: dict, name: str = "model", where: str | None = None) -> 
         if act not in ("silu", "swish"):
             raise ModelError(f"{where}: hidden_act '{act}' is not supported; allowed: silu (SwiGLU)")
         if mt in LLAMA_TYPES:
-            return ModelSpec(family="llama", qk_norm=mt == "qwen3", attn_bias=mt == "qwen2", **common)
+            scaling = cfg.get("rope_scaling") or {}
+            factor = float(scaling.get("factor") or 0.0) if scaling.get("rope_type") == "llama3" else 0.0
+            return ModelSpec(family="llama", qk_norm=mt == "qwen3", attn_bias=mt == "qwen2", rope_scaling_factor=factor,
+                             **common)
         if "layer_types" in cfg and cfg["layer_types"]:
             kinds = tuple(FULL if t == "full_attention" else LINEAR for t in cfg["layer_types"])
             if len(kinds) != layers:

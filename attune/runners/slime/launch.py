@@ -201,6 +201,9 @@ def _dense_model_args(model: ModelSpec) -> list[str]:
             a += ["--group-query-attention", "--num-query-groups", str(m.kv_heads)]
         a += ["--kv-channels", str(m.head_dim), "--position-embedding-type", "rope",
               "--rotary-base", _num(m.rope_theta)]
+        if m.rope_scaling_factor:  # Llama 3.1 / 3.2 (slime scripts/models/llama3.1-8B-Instruct.sh, llama3.2-3B-Instruct.sh)
+            a += ["--max-position-embeddings", str(m.max_positions), "--use-rope-scaling",
+                  "--rotary-scaling-factor", _flt(m.rope_scaling_factor)]
         if m.rotary_percent != 1.0:
             a += ["--rotary-percent", _num(m.rotary_percent)]
         a += ["--disable-bias-linear"]

@@ -67,7 +67,7 @@ def _count(model: ModelSpec, torch, F) -> int:
 
     if model.moe is not None:
         return _count_moe(model, torch, F)
-    llama = model.family == "llama"
+    llama = model.mlp == "swiglu" and model.norm == "rmsnorm"  # llama-style (llama, glm4, mimo); else GPT-2 style
     cfg = TransformerConfig(
         num_layers=model.num_layers, hidden_size=model.hidden, ffn_hidden_size=model.ffn,
         num_attention_heads=model.heads, num_query_groups=model.kv_heads, kv_channels=model.head_dim,

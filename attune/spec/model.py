@@ -127,6 +127,7 @@ class ModelSpec:
     norm_eps: float = 1e-6
     qk_norm: bool = False
     qk_norm_full: bool = False  # q/k norms over the whole projection (MiniMax-M2 per_layer), not per head
+    sandwich_norm: bool = False  # RMSNorms after attention and after the MLP too (GLM-4 post_self_attn/post_mlp)
     attn_bias: bool = False  # q/k/v biases (qwen2) or all biases (gpt2)
     attn_output_gate: bool = False
     layer_types: tuple[str, ...] = ()  # FULL or LINEAR per layer
@@ -355,7 +356,8 @@ class ModelSpec:
         return self.mtp_layers * (2 * self.norm_vectors + 2 * self.hidden * self.hidden + last + self.norm_vectors)
 
     def layer_norm_vectors(self) -> int:
-        return 2 * self.norm_vectors
+        """The decoder layer's norms: before attention and MLP, plus after each with ``sandwich_norm`` (GLM-4)."""
+        return (4 if self.sandwich_norm else 2) * self.norm_vectors
 
     @property
     def embedding_params(self) -> int:

@@ -123,7 +123,8 @@ class ModelSpec:
     max_positions: int = 4096
     rope_theta: float = 10000.0
     rotary_percent: float = 1.0
-    rope_scaling_factor: float = 0.0  # Llama-3 rope scaling (HF rope_scaling rope_type llama3 factor); 0: none
+    rope_scaling_factor: float = 0.0  # HF rope_scaling factor (Llama-3 llama3 or DeepSeek yarn); 0: none
+    rope_mscale: tuple[float, float] = ()  # YaRN (mscale, mscale_all_dim) of a yarn rope_scaling (DeepSeek-V3, Kimi K2)
     norm_eps: float = 1e-6
     qk_norm: bool = False
     qk_norm_full: bool = False  # q/k norms over the whole projection (MiniMax-M2 per_layer), not per head
@@ -554,7 +555,11 @@ def _deepseek_v3(cfg: dict, mt: str, moe: MoESpec, name: str, where: str, src: s
     mla = mla_from_hf(cfg, where)
     h = _need(cfg, "hidden_size", where)
     heads = _need(cfg, "num_attention_heads", where)
+    yarn = cfg.get("rope_scaling") or {}
+    yarn = yarn if (yarn.get("type") or yarn.get("rope_type")) == "yarn" else {}
     return ModelSpec(
+        rope_scaling_factor=float(yarn.get("factor") or 0.0),
+        rope_mscale=(float(yarn.get("mscale", 1.0)), float(yarn.get("mscale_all_dim", 0.0))) if yarn else (),
         name=name, family="deepseek_v3", model_type=mt, num_layers=_need(cfg, "num_hidden_layers", where), hidden=h,
         ffn=moe.shared_ffn, heads=heads, kv_heads=heads, head_dim=mla.qk_head_dim, vocab=_need(cfg, "vocab_size", where),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), moe=moe, mla=mla,

@@ -297,7 +297,11 @@ def moe_model_args(moe: MoESpec, num_layers: int) -> list[str]:
     common[common.index("--moe-router-score-function") + 1] = moe.score
     a += common
     if moe.router_bias and moe.family == "deepseek_v3":
-        a.append("--moe-router-enable-expert-bias")  # e_score_correction_bias (noaux_tc)
+        # e_score_correction_bias (noaux_tc), frozen (bias update rate 0), top-k weights normalised after the
+        # sigmoid (pre-softmax) and sequence-level balancing at coefficient 0: slime's deepseek-v3.sh, kimi-k2.sh,
+        # moonlight.sh at 624b824a (Megatron's default update rate 1e-3 would move the bias during training)
+        a += ["--moe-router-enable-expert-bias", "--moe-router-pre-softmax", "--moe-router-load-balancing-type",
+              "seq_aux_loss", "--moe-router-bias-update-rate", "0"]
     if moe.topk_scaling:
         a += ["--moe-router-topk-scaling-factor", f"{moe.topk_scaling:g}"]
     if moe.num_groups > 1:

@@ -217,8 +217,9 @@ def _dense_model_args(model: ModelSpec) -> list[str]:
         return a
     if m.family == "deepseek_v3":
         # DeepSeek-V3 / Kimi K2: Megatron's MLA (attune.spec.mla.mla_model_args); --ffn-hidden-size is the dense
-        # layers' width, --kv-channels the value head dim. YaRN rope scaling (--rotary-scaling-factor, --mscale)
-        # is not in the flag table yet: not written.
+        # layers' width, --kv-channels the value head dim. YaRN rope scaling from the config's rope_scaling
+        # (--rotary-scaling-factor, --mscale, --mscale-all-dim; slime sets --rope-type yarn for MLA models in
+        # _set_default_megatron_args) and --no-rope-fusion, as slime's deepseek-v3.sh / kimi-k2.sh write them.
         a = ["--swiglu", "--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden),
              "--ffn-hidden-size", str(m.moe.dense_ffn), "--num-attention-heads", str(m.heads),
              "--kv-channels", str(m.mla.v_head_dim), "--position-embedding-type", "rope",
@@ -226,7 +227,11 @@ def _dense_model_args(model: ModelSpec) -> list[str]:
              "--norm-epsilon", _num(m.norm_eps), "--vocab-size", str(m.vocab)]
         if not m.tied_embeddings:
             a.append("--untie-embeddings-and-output-weights")
-        return a + mla_model_args(m.mla)
+        a += mla_model_args(m.mla)
+        if m.rope_scaling_factor:
+            a += ["--rotary-scaling-factor", _num(m.rope_scaling_factor), "--mscale", _flt(m.rope_mscale[0]),
+                  "--mscale-all-dim", _flt(m.rope_mscale[1])]
+        return a + ["--no-rope-fusion"]
     if m.family == "gpt_oss":
         raise LaunchError(f"model {m.name}: the slime launch of gpt_oss is not written: its Megatron flags (sliding "
                           f"window, learnable attention sinks, output-projection bias, clamped SwiGLU) are not in "

@@ -341,7 +341,8 @@ def check_launch(sargs: types.ModuleType, L: Launch) -> Verdict:
         dest = _dest_of(parser, w)
         if dest is None or dest not in final or dest not in raw:
             continue
-        if raw[dest] != final[dest]:
+        if raw[dest] != final[dest] and not (isinstance(raw[dest], list) and raw[dest] == [final[dest]]):
+            # (Megatron's validate_args unwraps one-element lists of nargs='+' flags: the same value)
             v.rewritten.append(f"{w}: {raw[dest]!r} -> {final[dest]!r}")
     return v
 

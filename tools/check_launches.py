@@ -40,6 +40,9 @@ the path a ``--debug-train-only`` launch takes through argument parsing, or answ
   by ``megatron.training.initialize``): a stand-in only when ``triton`` is not importable (CPU PyTorch).
 * ``argparse.ArgumentParser.parse_known_args`` is wrapped to record the parser and the arguments it left
   unparsed (how the report finds flags Megatron ignores); its result is unchanged.
+* Checkpoints whose config class is remote code (Kimi K2 ``kimi_k2``, MiMo ``mimo``) get a minimal
+  ``PretrainedConfig`` subclass of their model_type beside config.json, named by ``auto_map``, as the real
+  checkpoint's ``configuration_*.py`` is (``_remote_code_config``).
 * ``torch.distributed`` is not initialised: slime derives the world size from ``--actor-num-nodes`` x
   ``--actor-num-gpus-per-node`` (slime/backends/megatron_utils/arguments.py ``megatron_parse_args``).
 
@@ -241,12 +244,36 @@ def cluster_for(model) -> str:
     return "8xH200" if nodes == 1 else f"{nodes}x8xH200"
 
 
+REMOTE_CONFIG_MODULE = "configuration_remote"
+
+
+def _remote_code_config(cfg: dict, folder: Path) -> None:
+    """Where transformers has no config class for the checkpoint's model_type (Kimi K2's ``kimi_k2``, MiMo's
+    ``mimo``: the real checkpoints ship theirs as remote code, a ``configuration_*.py`` named by ``auto_map``), write
+    a minimal one beside config.json (a ``PretrainedConfig`` subclass of that model_type) and name it in
+    ``auto_map``, so ``AutoConfig.from_pretrained(..., trust_remote_code=True)`` in slime's HF check loads the
+    config's fields as the checkpoint's own code would."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES  # noqa: PLC0415 - checked at load
+
+    mt = cfg.get("model_type")
+    if not mt or mt in CONFIG_MAPPING_NAMES:
+        return
+    (folder / f"{REMOTE_CONFIG_MODULE}.py").write_text(
+        "from transformers import PretrainedConfig\n\n\n"
+        f"class RemoteConfig(PretrainedConfig):\n    model_type = {mt!r}\n\n"
+        "    def __init__(self, **kwargs):\n"
+        "        self.__dict__.update(kwargs)  # every field of config.json, as the checkpoint's class keeps them\n"
+        "        super().__init__(**kwargs)\n")
+    cfg["auto_map"] = {"AutoConfig": f"{REMOTE_CONFIG_MODULE}.RemoteConfig"}
+
+
 def _paths(root: Path, model_name: str) -> dict:
     d = root / model_name
     for k in ("slime", "megatron", "hf", "torch_dist", "out"):
         (d / k).mkdir(parents=True, exist_ok=True)
-    cfg = resources.files("attune.spec").joinpath("model_configs", f"{model_name}.json").read_text()
-    (d / "hf" / "config.json").write_text(cfg)
+    cfg = json.loads(resources.files("attune.spec").joinpath("model_configs", f"{model_name}.json").read_text())
+    _remote_code_config(cfg, d / "hf")
+    (d / "hf" / "config.json").write_text(json.dumps(cfg, indent=1))
     (d / "torch_dist" / "latest_checkpointed_iteration.txt").write_text("release")
     (d / "rows.parquet").write_bytes(b"PAR1")
     return {"slime": str(d / "slime"), "megatron": str(d / "megatron"), "hf_checkpoint": str(d / "hf"),

@@ -742,3 +742,15 @@ def test_save_option_for_real_runs(capsys):
     assert main(["slime", "command", "--recipe", str(SEED), "--save", "/c"]) == 0
     assert "--save /c" in capsys.readouterr().out
     assert main(["slime", "command", "--recipe", str(SEED), "--save-interval", "3"]) == 2
+
+
+def test_activation_offloading_exports_the_te_switch_megatron_asserts():
+    # Megatron-LM 1dcf0daf arguments.py lines 1245-1250: fine-grained activation offloading with Transformer Engine
+    # >= 2.10 (slime's image: 2.16.1) asserts NVTE_CPU_OFFLOAD_V1=1 (found by tools/check_launches.py)
+    m, cl = load_model("tiny-llama"), parse_cluster("8xH200")
+    lay = Layout(tp=1, pp=1, dp=8, offload_modules=("core_attn",))
+    cmd = slime_command(m, cl, lay, Workload(seq_length=1024, global_batch=16))
+    assert cmd.env["NVTE_CPU_OFFLOAD_V1"] == "1" and "--fine-grained-activation-offloading" in cmd.flags
+    assert cmd.runtime_env()["env_vars"]["NVTE_CPU_OFFLOAD_V1"] == "1"  # reaches the training actors
+    plain = slime_command(m, cl, Layout(tp=1, pp=1, dp=8), Workload(seq_length=1024, global_batch=16))
+    assert "NVTE_CPU_OFFLOAD_V1" not in plain.env

@@ -36,6 +36,9 @@ the path a ``--debug-train-only`` launch takes through argument parsing, or answ
   slime/utils/arguments.py lines 1606-1613), ``wandb``, ``httpx``. Where one is importable the real module is
   used; otherwise a stand-in module whose attributes are inert placeholders is registered, and the report
   lists it.
+* ``megatron.core.utils.get_te_version`` -> 2.16.1, slime's image's Transformer Engine (docker/Dockerfile line 60),
+  when Transformer Engine is not installed here: validate_args compares it (fine-grained activation offloading
+  with TE >= 2.10 asserts ``NVTE_CPU_OFFLOAD_V1=1``, arguments.py lines 1245-1250).
 * Megatron's ``megatron.core.transformer.custom_layers.batch_invariant_kernels`` (Triton GPU kernels, imported
   by ``megatron.training.initialize``): a stand-in only when ``triton`` is not importable (CPU PyTorch).
 * ``argparse.ArgumentParser.parse_known_args`` is wrapped to record the parser and the arguments it left
@@ -91,6 +94,9 @@ HOPPER = types.SimpleNamespace(major=9, minor=0, name="NVIDIA H200", total_memor
 # activations), and the usable memory per GPU, for sizing the cluster (cluster_for).
 BYTES_PER_PARAM = 20
 USABLE_BYTES_PER_GPU = 100e9
+# Transformer Engine in slime's image (slime 624b824a docker/Dockerfile line 60: transformer_engine[pytorch]==2.16.1):
+# what megatron.core.utils.get_te_version answers when TE is not installed here (validate_args compares it).
+SLIME_TE_VERSION = "2.16.1"
 STAND_IN_MODULES = ("sglang.srt.server_args", "sglang_router.launch_router", "wandb", "httpx")
 TRITON_KERNELS = "megatron.core.transformer.custom_layers.batch_invariant_kernels"
 _ARGPARSE_ERROR_RE = re.compile(r"error: argument (--[\w-]+)")
@@ -195,6 +201,11 @@ def load_real_parsers(slime_dir: Path, megatron_dir: Path) -> tuple[types.Module
         _register_stand_in(TRITON_KERNELS, leaf_only=True)
         stood_in.append(TRITON_KERNELS)
     _record_parse_known_args()
+    if not _importable("transformer_engine"):
+        from packaging.version import Version  # noqa: PLC0415 - Megatron's own dependency
+
+        importlib.import_module("megatron.core.utils").get_te_version = lambda: Version(SLIME_TE_VERSION)
+        stood_in.append(f"transformer_engine version {SLIME_TE_VERSION} (get_te_version)")
     logging.getLogger().setLevel(logging.WARNING)
     warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed" and the like, on CPU
     with contextlib.redirect_stdout(io.StringIO()):  # stderr stays a real file: Megatron calls faulthandler.enable()

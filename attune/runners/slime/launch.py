@@ -518,6 +518,11 @@ def slime_command(model: ModelSpec, cluster_spec: Cluster, layout: Layout, workl
     py = python or (cluster_cfg.python if cluster_cfg else "python3")
     nvlink = cluster_cfg.nvlink if cluster_cfg else "auto"
     env, setup = _launch_env(paths, nvlink, cluster_cfg, slug)
+    if layout.offload_modules:
+        # Megatron-LM 1dcf0daf arguments.py lines 1245-1250: with fine-grained activation offloading and Transformer
+        # Engine >= 2.10 (slime's image installs 2.16.1, docker/Dockerfile line 60) validate_args asserts this, so TE
+        # offloads activations only, not weights
+        env["NVTE_CPU_OFFLOAD_V1"] = "1"
     flags = (["--actor-num-nodes", str(cluster_spec.nodes), "--actor-num-gpus-per-node", str(cluster_spec.gpus_per_node)]
              + model_args(model) + _data_flags(model, paths, workload, steps) + _layout_flags(layout)
              + _optimizer_flags(workload) + _runtime_flags(slug, nvlink) + save_flags)

@@ -107,7 +107,7 @@ def test_dense_layers_for_every_family():
     assert moe_model_args(m.moe, 4)[-1] == "([0]*1+[1]*3)"
     step2 = from_hf_config({**cfg, "mlp_only_layers": [], "decoder_sparse_step": 2})
     assert [step2.is_moe_layer(i) for i in range(4)] == [False, True, False, True]
-    assert moe_model_args(step2.moe, 4)[-1] == "[0, 1, 0, 1]"
+    assert moe_model_args(step2.moe, 4)[-1] == "[0,1,0,1]"  # no spaces: Megatron's _eval_pattern refuses them
 
 
 # ---------------------------------------------------------------------- stages

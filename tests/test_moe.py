@@ -3,6 +3,7 @@ terms, flags, slime launch arguments, the MoE search space."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import replace
 
@@ -22,6 +23,7 @@ from attune.spec.hardware import parse_cluster
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import from_hf_config, load_model
 from attune.spec.rules import check
+from attune.spec import moe as moe_mod
 from attune.spec.moe import expert_data_parallel
 from attune.spec.placement import stage_params
 from attune.spec.rules import check
@@ -76,7 +78,7 @@ def test_stage_params_count_every_expert():
 def test_ep_rules():
     m = load_model("Qwen3-30B-A3B")
     wl = Workload()
-    ok = Layout(tp=2, sp=True, dp=4, ep=8)
+    ok = Layout(tp=2, sp=True, dp=4, ep=8, moe_dispatcher="alltoall")  # slime runs alltoall and flex only
     assert check(ok, m, 8, wl, SLIME) == []
     assert expert_data_parallel(ok) == 1
     assert expert_data_parallel(Layout(dp=8, ep=2)) == 4
@@ -183,7 +185,8 @@ def test_slime_launch_moe_args_match_the_reference(name):
     if "--moe-shared-expert-intermediate-size" not in want:
         assert "--moe-shared-expert-intermediate-size" not in a and "--moe-shared-expert-gate" not in a
     freq = a[a.index("--moe-layer-freq") + 1]
-    assert freq == "[" + ", ".join(["1"] * m.num_layers) + "]"
+    # slime's scripts join with IFS=', ' (first character ','): no spaces, which Megatron's _eval_pattern refuses
+    assert freq == "[" + ",".join(["1"] * m.num_layers) + "]"
     # the layout's MoE flags (dispatcher, grouped GEMM, permute fusion) come from the layout, once
     lay = baseline_layout(m, parse_cluster("8xH200"), Workload(), SLIME)[0]
     flags = to_flags(lay)
@@ -283,3 +286,26 @@ def test_expert_groups_and_deepep_buffers_in_the_fixed_overheads():
     # 10 channels x 4 NVLink peers x 256 tokens x 2,048 x 2 bytes, no RDMA peers inside one node
     assert got * 2**30 == deepep_buffer_bytes(2048, 4, 8) == 10 * 4 * 256 * 4096
     assert deepep_buffer_bytes(7168, 32, 8) > deepep_buffer_bytes(7168, 8, 8)  # RDMA buffers across nodes
+
+
+# Megatron-LM 1dcf0daf megatron/training/arguments.py lines 198-206: _eval_pattern refuses any character outside
+# [,\d\[\]\(\)\+\*] (written out here, not imported, so a change to attune's own copy cannot hide a regression)
+MEGATRON_FREQ_REFUSED = re.compile(r"[^,\d\[\]\(\)\+\*]")
+
+
+@pytest.mark.parametrize("name", ["Qwen3-30B-A3B", "Qwen3.5-35B-A3B", "Qwen3-235B-A22B", "DeepSeek-V3", "tiny-qwen3-moe"])
+def test_moe_layer_freq_is_in_megatrons_accepted_form(name):
+    m = load_model(name)
+    a = model_args(m)
+    freq = a[a.index("--moe-layer-freq") + 1]
+    assert not MEGATRON_FREQ_REFUSED.search(freq), freq
+    pat = m.moe.pattern or (1,) * m.num_layers
+    assert list(eval(freq)) == list(pat)  # the same list Megatron evaluates
+
+
+def test_a_spaced_moe_layer_freq_is_refused():
+    # the form attune emitted before issue 21: Megatron's moe_freq_type exits 2 on it
+    spaced = "[" + ", ".join(["1"] * 4) + "]"
+    assert MEGATRON_FREQ_REFUSED.search(spaced)
+    with pytest.raises(AssertionError, match="refuses"):
+        moe_mod._checked_freq(spaced)

@@ -347,3 +347,18 @@ def test_tune_study_through_local_ray_head(cluster_file, tmp_path):
     assert not [f for f in lint(r) if f.severity == "error"]
     # each trial left its Ray job's log behind
     assert any(p.name == "log.txt" and p.stat().st_size > 0 for p in (out / "trials").rglob("log.txt"))
+
+
+@needs_ray
+def test_submission_keeps_the_drivers_gpus_visible():
+    # entrypoint_resources: Ray sets no NOSET switch for the driver (job_manager.py); the job's env_vars must
+    c = FakeClient()
+    env = {"env_vars": {"A": "1"}, "py_modules": ["x"]}
+    RayJobs("http://x:8265", client=c).submit("echo", env, "attune-s-t0002", resources={"attune_trial_slot": 1})
+    sent = c.submitted[0]["runtime_env"]
+    assert sent["env_vars"] == {"A": "1", "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}
+    assert sent["py_modules"] == ["x"] and env == {"env_vars": {"A": "1"}, "py_modules": ["x"]}  # caller's copy kept
+    # a value the user set is kept; without entrypoint resources Ray sets the switch itself: nothing added
+    assert jobs_mod.driver_sees_gpus({"env_vars": {jobs_mod.NOSET_CUDA_ENV: "0"}})["env_vars"] == {jobs_mod.NOSET_CUDA_ENV: "0"}
+    RayJobs("http://x:8265", client=c).submit("echo", {"env_vars": {}}, "attune-s-t0003")
+    assert c.submitted[1]["runtime_env"] == {"env_vars": {}}

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from attune.cli import main
 from attune.spec.engine import get_engine
 from attune.spec.hardware import parse_cluster
 from attune.spec.layout import Layout, Workload
@@ -722,3 +723,34 @@ def test_recipe_records_the_launch_versions_and_throughput_basis():
     assert tp["tokens_per_s_per_gpu_step_time"] < res.tokens_per_s_per_gpu
     assert _throughput_basis(slime_cfg, best, measured=False) == {"throughput_basis": "predicted"}
     assert _throughput_basis(slime_cfg, SimpleNamespace(extra={}), measured=True) == {"throughput_basis": "step"}
+
+
+def test_save_option_for_real_runs(capsys):
+    recipe = load_recipe(SEED)
+    trial = command_for_recipe(recipe)
+    assert "--save" not in trial.flags and "--save-interval" not in trial.flags  # a measurement saves nothing
+    cmd = command_for_recipe(recipe, save="/ckpt/run 1")
+    f = cmd.flags
+    assert f[f.index("--save") + 1] == "/ckpt/run 1" and f[f.index("--save-interval") + 1] == "20"  # once, at the end
+    assert "--save '/ckpt/run 1'" in cmd.to_shell()  # quoted
+    f = command_for_recipe(recipe, save="/ckpt", save_interval=5).flags
+    assert f[f.index("--save-interval") + 1] == "5"
+    with pytest.raises(LaunchError, match="needs --save"):
+        command_for_recipe(recipe, save_interval=5)
+    with pytest.raises(LaunchError, match="positive"):
+        command_for_recipe(recipe, save="/ckpt", save_interval=0)
+    assert main(["slime", "command", "--recipe", str(SEED), "--save", "/c"]) == 0
+    assert "--save /c" in capsys.readouterr().out
+    assert main(["slime", "command", "--recipe", str(SEED), "--save-interval", "3"]) == 2
+
+
+def test_activation_offloading_exports_the_te_switch_megatron_asserts():
+    # Megatron-LM 1dcf0daf arguments.py lines 1245-1250: fine-grained activation offloading with Transformer Engine
+    # >= 2.10 (slime's image: 2.16.1) asserts NVTE_CPU_OFFLOAD_V1=1 (found by tools/check_launches.py)
+    m, cl = load_model("tiny-llama"), parse_cluster("8xH200")
+    lay = Layout(tp=1, pp=1, dp=8, offload_modules=("core_attn",))
+    cmd = slime_command(m, cl, lay, Workload(seq_length=1024, global_batch=16))
+    assert cmd.env["NVTE_CPU_OFFLOAD_V1"] == "1" and "--fine-grained-activation-offloading" in cmd.flags
+    assert cmd.runtime_env()["env_vars"]["NVTE_CPU_OFFLOAD_V1"] == "1"  # reaches the training actors
+    plain = slime_command(m, cl, Layout(tp=1, pp=1, dp=8), Workload(seq_length=1024, global_batch=16))
+    assert "NVTE_CPU_OFFLOAD_V1" not in plain.env

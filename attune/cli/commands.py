@@ -163,7 +163,7 @@ def cmd_recipe_show(args) -> int:
 
 def cmd_slime_command(args) -> int:
     cfg = load_cluster(args.cluster) if args.cluster else None
-    print(command_for_recipe(load_recipe(args.recipe), cfg).to_shell())
+    print(command_for_recipe(load_recipe(args.recipe), cfg, save=args.save, save_interval=args.save_interval).to_shell())
     return 0
 
 

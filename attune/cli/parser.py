@@ -144,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = rs.add_parser("command", help="the exact slime launch for a recipe")
     s.add_argument("--recipe", required=True)
     s.add_argument("--cluster", default=None)
+    s.add_argument("--save", default=None, metavar="DIR",
+                   help="a real run: save Megatron checkpoints to DIR (at the last step, or every --save-interval)")
+    s.add_argument("--save-interval", type=positive_int, default=None, metavar="STEPS")
     _common(s)
     s.set_defaults(func=c.cmd_slime_command)
     s = rs.add_parser("preflight", help="check every node of the cluster for what a slime study needs")

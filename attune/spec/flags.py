@@ -24,14 +24,12 @@ import math
 import shlex
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
-from importlib import resources
 from types import MappingProxyType
 from typing import Any, Mapping
 
-import yaml
-
 from attune.errors import FlagError, LayoutError
 from .engine import Engine
+from .flag_data import TABLE_FILE, engine_choices, raw_table
 from .layout import Layout, Workload
 from .model import ModelSpec
 from .pipeline_layout import expand
@@ -40,10 +38,9 @@ from .rules import derive_dp
 
 __all__ = [
     "FlagSpec", "NoEffect", "ParsedFlags", "flag_table", "flag_prefixes", "known_flag", "table_describes", "flag_parser",
-    "from_flags", "to_flags", "format_value", "LAYOUT_FLAGS", "WORKLOAD_FLAGS", "SPECIAL_FLAGS", "TABLE_FILE",
+    "from_flags", "to_flags", "format_value", "engine_choices", "LAYOUT_FLAGS", "WORKLOAD_FLAGS", "SPECIAL_FLAGS", "TABLE_FILE",
 ]
 
-TABLE_FILE = "megatron_flags.yaml"
 ARITIES = ("switch", "value", "values")
 VALUE_TYPES = ("int", "float", "str", "bool")
 OWNERS = ("megatron", "slime", "slime-patch")
@@ -63,7 +60,8 @@ PIPELINE_LAYOUT = "--pipeline-model-parallel-layout"
 VIRTUAL_STAGES = "--num-virtual-stages-per-pipeline-rank"
 
 _ENTRY_KEYS = {"arity", "type", "nargs", "choices", "default", "unset", "owner", "field", "sets", "fixed", "emit",
-               "only_with", "recipe", "recipe_optional", "class", "requires", "note", "no_effect"}
+               "only_with", "recipe", "recipe_optional", "class", "requires", "note", "no_effect",
+               "engine_choices"}
 _NO_EFFECT_KEYS = {"when", "reason", "source"}
 _TARGETS = {"layout": {f.name for f in fields(Layout)} - {"dp"}, "workload": {f.name for f in fields(Workload)}}
 _MISSING = object()
@@ -228,6 +226,10 @@ def _spec(name: str, entry: Any, *, prefix: bool = False) -> FlagSpec:
     if entry.get("sets") is not None and (arity != "switch" or fld is None):
         raise ValueError(f"{where}: `sets` needs a switch with a field")
     choices = entry.get("choices")
+    per_engine = entry.get("engine_choices")
+    if per_engine is not None and (choices is None or not isinstance(per_engine, dict) or any(
+            not isinstance(v, list) or not set(v) <= set(choices) for v in per_engine.values())):
+        raise ValueError(f"{where}: engine_choices maps an engine to a list of the flag's choices")
     return FlagSpec(
         name=name, arity=arity, type=vtype, owner=owner, nargs=nargs,
         choices=tuple(choices) if choices is not None else None,
@@ -241,8 +243,7 @@ def _spec(name: str, entry: Any, *, prefix: bool = False) -> FlagSpec:
 
 @lru_cache(maxsize=1)
 def _load() -> tuple[Mapping[str, FlagSpec], tuple[FlagSpec, ...], Mapping[str, str]]:
-    text = resources.files("attune.spec").joinpath(TABLE_FILE).read_text(encoding="utf-8")
-    data = yaml.safe_load(text) or {}
+    data = raw_table()
     specs: dict[str, FlagSpec] = {}
     for name, entry in (data.get("flags") or {}).items():
         if not (isinstance(name, str) and name.startswith("--") and len(name) > 2):

@@ -38,6 +38,13 @@ class MLASpec:
     """Per-head rotary query/key width (HF ``qk_rope_head_dim``; ``--qk-pos-emb-head-dim``)."""
     v_head_dim: int
     """Per-head value width (HF ``v_head_dim``; ``--v-head-dim``)."""
+    index_heads: int = 0
+    """DeepSeek sparse attention's indexer heads (GLM-5 ``index_n_heads``); 0: dense MLA. The indexer (transformers
+    ``GlmMoeDsaIndexer``): ``wq_b`` Linear(q_lora_rank, heads x dim), ``wk`` Linear(hidden, dim), ``k_norm``
+    LayerNorm(dim), ``weights_proj`` Linear(hidden, heads). Counted in the parameters; its top-k selection is not
+    priced (the estimator prices MLA over the whole causal context)."""
+    index_head_dim: int = 0
+    """The indexer's head width (GLM-5 ``index_head_dim``)."""
 
     def __post_init__(self) -> None:
         if self.q_lora_rank < 0:
@@ -71,18 +78,25 @@ class MLASpec:
         """o_proj weights, row-parallel."""
         return heads * self.v_head_dim * hidden
 
+    def indexer(self, hidden: int) -> int:
+        """The sparse-attention indexer's weight matrices (0 without one)."""
+        if not self.index_heads:
+            return 0
+        return (self.q_lora_rank * self.index_heads * self.index_head_dim + hidden * self.index_head_dim
+                + hidden * self.index_heads)
+
     def matrix(self, hidden: int, heads: int) -> int:
-        """Every MLA weight matrix of one layer."""
+        """Every MLA weight matrix of one layer (the sparse-attention indexer's included)."""
         return (self.q_down(hidden) + self.q_up(hidden, heads) + self.kv_down(hidden) + self.kv_up(heads)
-                + self.out(hidden, heads))
+                + self.out(hidden, heads) + self.indexer(hidden))
 
     def replicated(self, hidden: int) -> int:
         """Of ``matrix``: the down projections, held whole by every TP rank."""
         return self.q_down(hidden) + self.kv_down(hidden)
 
     def vectors(self) -> int:
-        """q_a_layernorm and kv_a_layernorm gammas."""
-        return self.q_lora_rank + self.kv_lora_rank
+        """q_a_layernorm and kv_a_layernorm gammas, and the indexer's k_norm LayerNorm (weight and bias)."""
+        return self.q_lora_rank + self.kv_lora_rank + (2 * self.index_head_dim if self.index_heads else 0)
 
     def summary(self) -> dict:
         return {"q_lora_rank": self.q_lora_rank, "kv_lora_rank": self.kv_lora_rank,

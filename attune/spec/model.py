@@ -44,6 +44,8 @@ import functools
 from attune.errors import ModelError
 from attune.spec.hfconfig import check_hf_config
 from attune.spec.textio import read_text
+from attune.spec import families  # noqa: F401 - registers the plug-in families (attune.spec.families)
+from attune.spec.family_registry import by_hf_type
 from attune.spec.mla import MLASpec, mla_from_hf
 from attune.spec.moe import HF_MOE_TYPES, MoESpec, moe_from_hf
 
@@ -123,8 +125,12 @@ class ModelSpec:
     max_positions: int = 4096
     rope_theta: float = 10000.0
     rotary_percent: float = 1.0
+    rope_scaling_factor: float = 0.0  # HF rope_scaling factor (Llama-3 llama3 or DeepSeek yarn); 0: none
+    rope_mscale: tuple[float, float] = ()  # YaRN (mscale, mscale_all_dim) of a yarn rope_scaling (DeepSeek-V3, Kimi K2)
     norm_eps: float = 1e-6
     qk_norm: bool = False
+    qk_norm_full: bool = False  # q/k norms over the whole projection (MiniMax-M2 per_layer), not per head
+    sandwich_norm: bool = False  # RMSNorms after attention and after the MLP too (GLM-4 post_self_attn/post_mlp)
     attn_bias: bool = False  # q/k/v biases (qwen2) or all biases (gpt2)
     attn_output_gate: bool = False
     layer_types: tuple[str, ...] = ()  # FULL or LINEAR per layer
@@ -274,7 +280,7 @@ class ModelSpec:
         mixer = h * q_out + 2 * h * self.kv_dim + self.q_dim * h
         vec = 0
         if self.qk_norm:
-            vec += 2 * self.head_dim
+            vec += self.q_dim + self.kv_dim if self.qk_norm_full else 2 * self.head_dim
         if self.attn_bias and (self.family == "gpt2" or self.attn_out_bias):
             vec += q_out + 2 * self.kv_dim + h
         elif self.attn_bias:
@@ -353,7 +359,8 @@ class ModelSpec:
         return self.mtp_layers * (2 * self.norm_vectors + 2 * self.hidden * self.hidden + last + self.norm_vectors)
 
     def layer_norm_vectors(self) -> int:
-        return 2 * self.norm_vectors
+        """The decoder layer's norms: before attention and MLP, plus after each with ``sandwich_norm`` (GLM-4)."""
+        return (4 if self.sandwich_norm else 2) * self.norm_vectors
 
     @property
     def embedding_params(self) -> int:
@@ -446,6 +453,9 @@ def from_hf_config(cfg: dict, name: str = "model", where: str | None = None) -> 
     mt = cfg.get("model_type") or outer_type
     if mt is None:
         raise ModelError(f"{where}: config is missing the field 'model_type'")
+    plugin = by_hf_type(mt)  # a family plug-in (attune.spec.families) reads its own configs
+    if plugin is not None:
+        return ModelSpec(name=name, family=plugin.name, model_type=mt, source=src, **plugin.read(cfg, where))
     n_experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0
     moe = None
     hf_type = mt
@@ -508,7 +518,10 @@ def from_hf_config(cfg: dict, name: str = "model", where: str | None = None) -> 
         if act not in ("silu", "swish"):
             raise ModelError(f"{where}: hidden_act '{act}' is not supported; allowed: silu (SwiGLU)")
         if mt in LLAMA_TYPES:
-            return ModelSpec(family="llama", qk_norm=mt == "qwen3", attn_bias=mt == "qwen2", **common)
+            scaling = cfg.get("rope_scaling") or {}
+            factor = float(scaling.get("factor") or 0.0) if scaling.get("rope_type") == "llama3" else 0.0
+            return ModelSpec(family="llama", qk_norm=mt == "qwen3", attn_bias=mt == "qwen2", rope_scaling_factor=factor,
+                             **common)
         if "layer_types" in cfg and cfg["layer_types"]:
             kinds = tuple(FULL if t == "full_attention" else LINEAR for t in cfg["layer_types"])
             if len(kinds) != layers:
@@ -543,7 +556,11 @@ def _deepseek_v3(cfg: dict, mt: str, moe: MoESpec, name: str, where: str, src: s
     mla = mla_from_hf(cfg, where)
     h = _need(cfg, "hidden_size", where)
     heads = _need(cfg, "num_attention_heads", where)
+    yarn = cfg.get("rope_scaling") or {}
+    yarn = yarn if (yarn.get("type") or yarn.get("rope_type")) == "yarn" else {}
     return ModelSpec(
+        rope_scaling_factor=float(yarn.get("factor") or 0.0),
+        rope_mscale=(float(yarn.get("mscale", 1.0)), float(yarn.get("mscale_all_dim", 0.0))) if yarn else (),
         name=name, family="deepseek_v3", model_type=mt, num_layers=_need(cfg, "num_hidden_layers", where), hidden=h,
         ffn=moe.shared_ffn, heads=heads, kv_heads=heads, head_dim=mla.qk_head_dim, vocab=_need(cfg, "vocab_size", where),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), moe=moe, mla=mla,

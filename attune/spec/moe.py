@@ -32,9 +32,11 @@ token passes through, output layer included, no input embedding, no 1-D vectors)
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from attune.errors import ModelError
+from attune.spec.family_registry import by_name as registered_family
 
 MOE_FAMILIES = ("qwen3_moe", "qwen3_next", "qwen3_5_moe", "mixtral", "deepseek_v3", "gpt_oss")
 """MoE families attune reads from a Hugging Face config."""
@@ -86,7 +88,7 @@ class MoESpec:
     0: none."""
 
     def __post_init__(self) -> None:
-        if self.family not in MOE_FAMILIES:
+        if self.family not in MOE_FAMILIES and registered_family(self.family) is None:  # or a plug-in family
             raise ModelError(f"MoE family '{self.family}' is not modelled; allowed: {', '.join(MOE_FAMILIES)}")
         for k in ("experts", "top_k", "expert_ffn"):
             if getattr(self, k) < 1:
@@ -271,13 +273,20 @@ SLIME_MOE_COMMON = ("--moe-router-score-function", "softmax", "--moe-token-drop-
 the layout (``attune.spec.flags.to_flags``)."""
 
 
+LAYER_FREQ_CHARS = re.compile(r"[,\d\[\]\(\)\+\*]+")
+"""The only characters Megatron accepts in a ``--moe-layer-freq`` list expression: Megatron-LM 1dcf0daf
+megatron/training/arguments.py ``_eval_pattern`` (lines 198-206) raises ValueError on any other character,
+so a space makes ``moe_freq_type`` fail ("invalid moe_freq_type value") and argparse exit 2."""
+
+
 def layer_freq_arg(moe: MoESpec, num_layers: int) -> str:
     """``--moe-layer-freq`` as Megatron parses it (a Python list expression, arguments.py
-    ``moe_freq_type``): every layer MoE -> the explicit list of ones slime's scripts write; dense layers ->
-    runs, e.g. DeepSeek-V3 ``([0]*3+[1]*58)`` (slime scripts/models/deepseek-v3.sh writes this form)."""
+    ``moe_freq_type`` / ``_eval_pattern``: no spaces): every layer MoE -> the explicit list of ones slime's
+    scripts write (they join with ``IFS=', '``, whose first character is ``,``: ``[1,1,...]``); dense layers
+    -> runs, e.g. DeepSeek-V3 ``([0]*3+[1]*58)`` (slime scripts/models/deepseek-v3.sh writes this form)."""
     pat = moe.pattern or (1,) * num_layers
     if all(pat):
-        return "[" + ", ".join(["1"] * num_layers) + "]"
+        return _checked_freq("[" + ",".join(["1"] * num_layers) + "]")
     runs: list[list[int]] = []
     for x in pat:
         if runs and runs[-1][0] == x:
@@ -285,8 +294,14 @@ def layer_freq_arg(moe: MoESpec, num_layers: int) -> str:
         else:
             runs.append([x, 1])
     if len(runs) > 2:  # alternating patterns: the explicit list reads better than many runs
-        return "[" + ", ".join(str(x) for x in pat) + "]"
-    return "(" + "+".join(f"[{x}]*{n}" for x, n in runs) + ")"
+        return _checked_freq("[" + ",".join(str(x) for x in pat) + "]")
+    return _checked_freq("(" + "+".join(f"[{x}]*{n}" for x, n in runs) + ")")
+
+
+def _checked_freq(text: str) -> str:
+    if not LAYER_FREQ_CHARS.fullmatch(text):  # a bug in this module, never user input
+        raise AssertionError(f"--moe-layer-freq {text!r} has characters Megatron's _eval_pattern refuses")
+    return text
 
 
 def moe_model_args(moe: MoESpec, num_layers: int) -> list[str]:
@@ -303,7 +318,11 @@ def moe_model_args(moe: MoESpec, num_layers: int) -> list[str]:
     common[common.index("--moe-router-score-function") + 1] = moe.score
     a += common
     if moe.router_bias and moe.family == "deepseek_v3":
-        a.append("--moe-router-enable-expert-bias")  # e_score_correction_bias (noaux_tc)
+        # e_score_correction_bias (noaux_tc), frozen (bias update rate 0), top-k weights normalised after the
+        # sigmoid (pre-softmax) and sequence-level balancing at coefficient 0: slime's deepseek-v3.sh, kimi-k2.sh,
+        # moonlight.sh at 624b824a (Megatron's default update rate 1e-3 would move the bias during training)
+        a += ["--moe-router-enable-expert-bias", "--moe-router-pre-softmax", "--moe-router-load-balancing-type",
+              "seq_aux_loss", "--moe-router-bias-update-rate", "0"]
     if moe.topk_scaling:
         a += ["--moe-router-topk-scaling-factor", f"{moe.topk_scaling:g}"]
     if moe.num_groups > 1:

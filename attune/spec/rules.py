@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from attune.errors import LayoutError
 from .engine import Engine
+from .flag_data import engine_choices
 from .layout import Layout, Workload
 from .model import ModelSpec
 from .moe import moe_rules
@@ -29,6 +30,7 @@ def check(layout: Layout, model: ModelSpec, world_size: int, workload: Workload,
     if L.world_size != world_size:
         e.append(f"world size {world_size} GPUs != TP {L.tp} x PP {L.pp} x CP {L.cp} x DP {L.dp} = {L.world_size}")
     e += moe_rules(L, model)
+    e += dispatcher_rules(L, model, engine)
     if L.mtp_layers and L.mtp_layers > model.mtp_layers:
         e.append(f"--mtp-num-layers {L.mtp_layers} needs a model with that many multi-token-prediction modules ("
                  f"{model.name} has {model.mtp_layers}: config num_nextn_predict_layers); allowed: 0"
@@ -119,6 +121,27 @@ def check(layout: Layout, model: ModelSpec, world_size: int, workload: Workload,
     if L.max_tokens_per_gpu is not None and L.max_tokens_per_gpu < 1:
         e.append("max tokens per GPU must be positive")
     return e
+
+
+DISPATCHER_FLAG = "--moe-token-dispatcher-type"
+MEGATRON_DEFAULT_DISPATCHER = "allgather"  # Megatron-LM 1dcf0daf transformer_config.py:690 (the flag absent)
+
+
+def dispatcher_rules(L: Layout, model: ModelSpec, engine: Engine) -> list[str]:
+    """The MoE token dispatcher must be one the engine runs as given (the flag table's ``engine_choices``):
+    slime rewrites allgather (also Megatron's default when the flag is absent) to alltoall after validation
+    (slime/backends/megatron_utils/arguments.py lines 83-88 at 624b824a), so a layout with it would be priced
+    and reported as a dispatcher slime never runs."""
+    if getattr(model, "moe", None) is None:
+        return []
+    allowed = engine_choices(DISPATCHER_FLAG, engine.name)
+    dsp = L.moe_dispatcher or MEGATRON_DEFAULT_DISPATCHER
+    if allowed is None or dsp in allowed:
+        return []
+    given = L.moe_dispatcher or f"absent ({MEGATRON_DEFAULT_DISPATCHER}, Megatron's default)"
+    return [f"{DISPATCHER_FLAG} {given}: {engine.name} does not run it (slime's validate_args rewrites allgather to "
+            f"alltoall: allgather does not support variable sequence lengths); allowed on {engine.name}: "
+            f"{', '.join(allowed)}"]
 
 
 def layout_string_refusal(model: ModelSpec, engine: Engine) -> str | None:

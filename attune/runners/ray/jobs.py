@@ -4,6 +4,9 @@
   default, advertised once per node with ``ray start --resources '{"attune_trial_slot": 1}'``) through
   ``entrypoint_resources``, so Ray admits one trial per node at a time. It asks for no GPUs: slime's own
   placement group reserves the GPUs its actors need, and ``entrypoint_num_gpus`` would take one of them.
+  Because it names a resource, Ray would hide the GPUs from the driver; the job's env_vars carry
+  ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1`` so the driver (where Megatron's validate_args queries the
+  GPU) sees the node's GPUs (:func:`driver_sees_gpus`).
 * Submission ids are deterministic: the study name and the Optuna trial number (:func:`submission_id`), so a
   tuner that restarts attaches to a job that is still running or already succeeded instead of starting it
   twice; a failed or stopped job is resubmitted as ``<id>-retryN``.
@@ -29,7 +32,7 @@ from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from attune.errors import MissingDependency, RunnerError
 
-__all__ = ["JobOutcome", "RayJobs", "submission_id", "import_ray_jobs", "RAY_EXTRA_HINT", "TIMEOUT_STATUS",
+__all__ = ["JobOutcome", "RayJobs", "submission_id", "driver_sees_gpus", "NOSET_CUDA_ENV", "import_ray_jobs", "RAY_EXTRA_HINT", "TIMEOUT_STATUS",
            "MAX_RETRIES"]
 
 log = logging.getLogger(__name__)
@@ -53,6 +56,36 @@ def import_ray_jobs():
     except ImportError:
         raise MissingDependency(RAY_EXTRA_HINT) from None
     return job_submission
+
+
+# Ray's switch that keeps a worker's CUDA_VISIBLE_DEVICES as the node has it (ray/_private/accelerators/
+# nvidia_gpu.py NOSET_CUDA_VISIBLE_DEVICES_ENV_VAR; slime's own actors set it too: slime/ray/utils.py
+# NOSET_VISIBLE_DEVICES_ENV_VARS_LIST, actor_group.py _allocate_gpus_for_actor).
+NOSET_CUDA_ENV = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+
+
+def driver_sees_gpus(runtime_env: dict | None) -> dict:
+    """The job's runtime_env with the driver's GPU visibility protected (a copy; the caller's is not changed).
+
+    Ray (2.60.0, dashboard/modules/job/job_manager.py ``_get_supervisor_runtime_env`` lines 400-406 and
+    job_supervisor.py ``_get_driver_runtime_env`` lines 139-147) sets ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1``
+    for a job's supervisor actor only when the submission names no entrypoint resources. attune's jobs name one
+    (the per-node trial slot) and no GPUs, so the supervisor actor, and the driver it starts as a child process,
+    are treated as any zero-GPU actor: Ray versions before the zero-accelerator change, and 2.60.0 with
+    ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1`` (ray/_private/accelerators/accelerator.py lines 5-13,
+    ray/_private/utils.py ``set_visible_accelerator_ids`` lines 284-305), set ``CUDA_VISIBLE_DEVICES=""`` for
+    them; ``NvidiaGPUAcceleratorManager.set_current_process_visible_accelerator_ids`` (nvidia_gpu.py lines
+    110-117) returns early only under the switch. slime's driver runs Megatron's
+    validate_args, which calls ``torch.cuda.get_device_capability()`` under ``--moe-grouped-gemm``
+    (Megatron-LM 1dcf0daf megatron/training/arguments.py lines 851-853): with no visible GPU every MoE launch
+    would fail there. Setting the switch in the job's env_vars makes Ray leave CUDA_VISIBLE_DEVICES alone for the
+    supervisor and driver; slime's GPU actors set the same switch themselves and pick their device by local
+    rank, so their placement is unchanged. An explicit value in the runtime_env is kept."""
+    env = dict(runtime_env or {})
+    env_vars = dict(env.get("env_vars") or {})
+    env_vars.setdefault(NOSET_CUDA_ENV, "1")
+    env["env_vars"] = env_vars
+    return env
 
 
 def submission_id(study: str, trial_number: int | None, layout_slug: str) -> str:
@@ -225,6 +258,7 @@ class RayJobs:
         kw: dict = {"entrypoint": entrypoint, "submission_id": sid, "runtime_env": runtime_env or {}}
         if resources:
             kw["entrypoint_resources"] = dict(resources)
+            kw["runtime_env"] = driver_sees_gpus(kw["runtime_env"])
         if metadata:
             kw["metadata"] = {str(k): str(v) for k, v in metadata.items()}
         try:

@@ -47,6 +47,7 @@ from attune.recipe.target import recipe_target
 from attune.runners.ray.cluster import PATH_VARS, ClusterConfig
 from attune.runners.shell import bash_c, ray_env_vars, word
 from attune.spec.engine import get_engine
+from attune.spec.family_registry import by_name as family_plugin
 from attune.spec.flags import table_describes, to_flags
 from attune.spec.precision import hardware_refusal, slime_env
 from attune.spec.hardware import Cluster
@@ -162,7 +163,10 @@ def trial_slug(name: str) -> str:
 # ---------------------------------------------------------------------- model arguments
 def model_args(model: ModelSpec) -> list[str]:
     """Megatron-LM / slime architecture flags for a model; MoE models add slime's MoE model arguments
-    (``attune.spec.moe.moe_model_args``)."""
+    (``attune.spec.moe.moe_model_args``). A plug-in family (``attune.spec.family_registry``) writes its own."""
+    plugin = family_plugin(model.family)
+    if plugin is not None:
+        return plugin.model_args(model)
     a = _dense_model_args(model)
     if model.moe is not None:
         a += moe_model_args(model.moe, model.num_layers)
@@ -202,6 +206,9 @@ def _dense_model_args(model: ModelSpec) -> list[str]:
             a += ["--group-query-attention", "--num-query-groups", str(m.kv_heads)]
         a += ["--kv-channels", str(m.head_dim), "--position-embedding-type", "rope",
               "--rotary-base", _num(m.rope_theta)]
+        if m.rope_scaling_factor:  # Llama 3.1 / 3.2 (slime scripts/models/llama3.1-8B-Instruct.sh, llama3.2-3B-Instruct.sh)
+            a += ["--max-position-embeddings", str(m.max_positions), "--use-rope-scaling",
+                  "--rotary-scaling-factor", _flt(m.rope_scaling_factor)]
         if m.rotary_percent != 1.0:
             a += ["--rotary-percent", _num(m.rotary_percent)]
         a += ["--disable-bias-linear"]
@@ -215,8 +222,9 @@ def _dense_model_args(model: ModelSpec) -> list[str]:
         return a
     if m.family == "deepseek_v3":
         # DeepSeek-V3 / Kimi K2: Megatron's MLA (attune.spec.mla.mla_model_args); --ffn-hidden-size is the dense
-        # layers' width, --kv-channels the value head dim. YaRN rope scaling (--rotary-scaling-factor, --mscale)
-        # is not in the flag table yet: not written.
+        # layers' width, --kv-channels the value head dim. YaRN rope scaling from the config's rope_scaling
+        # (--rotary-scaling-factor, --mscale, --mscale-all-dim; slime sets --rope-type yarn for MLA models in
+        # _set_default_megatron_args) and --no-rope-fusion, as slime's deepseek-v3.sh / kimi-k2.sh write them.
         a = ["--swiglu", "--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden),
              "--ffn-hidden-size", str(m.moe.dense_ffn), "--num-attention-heads", str(m.heads),
              "--kv-channels", str(m.mla.v_head_dim), "--position-embedding-type", "rope",
@@ -224,7 +232,11 @@ def _dense_model_args(model: ModelSpec) -> list[str]:
              "--norm-epsilon", _num(m.norm_eps), "--vocab-size", str(m.vocab)]
         if not m.tied_embeddings:
             a.append("--untie-embeddings-and-output-weights")
-        return a + mla_model_args(m.mla)
+        a += mla_model_args(m.mla)
+        if m.rope_scaling_factor:
+            a += ["--rotary-scaling-factor", _num(m.rope_scaling_factor), "--mscale", _flt(m.rope_mscale[0]),
+                  "--mscale-all-dim", _flt(m.rope_mscale[1])]
+        return a + ["--no-rope-fusion"]
     if m.family == "gpt_oss":
         raise LaunchError(f"model {m.name}: the slime launch of gpt_oss is not written: its Megatron flags (sliding "
                           f"window, learnable attention sinks, output-projection bias, clamped SwiGLU) are not in "
@@ -484,24 +496,51 @@ def _runtime_flags(slug: str, nvlink: str | int) -> list[str]:
     return flags
 
 
+def _save_flags(save: str | None, save_interval: int | None, steps: int) -> list[str]:
+    """Megatron checkpoints of a real run: ``--save DIR --save-interval N`` (slime re-registers both,
+    slime/utils/arguments.py lines 854-855 at 624b824a, and asserts --save when --save-interval is given,
+    line 1844). slime's training loop saves when ``should_run_periodic_action(rollout_id, save_interval, ...,
+    num_rollout)`` holds (train_async.py lines 55-61), which includes the last rollout, so the default interval
+    (the step count) saves once, at the end. Without ``save`` a trial saves nothing (it is a measurement)."""
+    if save is None:
+        if save_interval is not None:
+            raise LaunchError("--save-interval needs --save DIR (slime asserts --save when save_interval is set)")
+        return []
+    if not str(save).strip():
+        raise LaunchError("--save needs a directory (got an empty path)")
+    n = steps if save_interval is None else save_interval
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise LaunchError(f"--save-interval must be a positive number of steps (got {save_interval!r})")
+    return ["--save", save, "--save-interval", str(n)]
+
+
 def slime_command(model: ModelSpec, cluster_spec: Cluster, layout: Layout, workload: Workload,
                   cluster_cfg: ClusterConfig | None = None, steps: int | None = None, async_: bool = True,
-                  trial: str | None = None, python: str | None = None, probe: bool = True) -> LaunchCommand:
+                  trial: str | None = None, python: str | None = None, probe: bool = True,
+                  save: str | None = None, save_interval: int | None = None) -> LaunchCommand:
     """The slime launch of one trial: `steps` optimizer steps (= rollouts) of `layout` on `cluster_spec`.
 
     steps defaults to workload.steps (20 in the seed). trial names the TensorBoard run and the output folder.
+    save: a directory for Megatron checkpoints (a real run; ``--save``), every `save_interval` steps and at
+    the last (default: the last only).
     """
     steps = workload.steps if steps is None else steps
     _check_launchable(model, cluster_spec, layout, workload, cluster_cfg, steps)
+    save_flags = _save_flags(save, save_interval, steps)
     slug = trial_slug(trial or f"attune-{layout.slug()}")
     paths = _paths(cluster_cfg)
     py = python or (cluster_cfg.python if cluster_cfg else "python3")
     nvlink = cluster_cfg.nvlink if cluster_cfg else "auto"
     env, setup = _launch_env(paths, nvlink, cluster_cfg, slug)
     env.update(slime_env(layout))  # low precision (issue 22): blockwise fp8 wants fp32 block scales
+    if layout.offload_modules:
+        # Megatron-LM 1dcf0daf arguments.py lines 1245-1250: with fine-grained activation offloading and Transformer
+        # Engine >= 2.10 (slime's image installs 2.16.1, docker/Dockerfile line 60) validate_args asserts this, so TE
+        # offloads activations only, not weights
+        env["NVTE_CPU_OFFLOAD_V1"] = "1"
     flags = (["--actor-num-nodes", str(cluster_spec.nodes), "--actor-num-gpus-per-node", str(cluster_spec.gpus_per_node)]
              + model_args(model) + _data_flags(model, paths, workload, steps) + _layout_flags(layout)
-             + _optimizer_flags(workload) + _runtime_flags(slug, nvlink))
+             + _optimizer_flags(workload) + _runtime_flags(slug, nvlink) + save_flags)
     script = ASYNC_SCRIPT if async_ else SYNC_SCRIPT
     written_for = launch_versions()
     comment = (f"attune slime trial {slug}: {model.name}, {layout.label()}, {steps} steps of "
@@ -516,13 +555,15 @@ def slime_command(model: ModelSpec, cluster_spec: Cluster, layout: Layout, workl
 
 # ---------------------------------------------------------------------- from a recipe
 def command_for_recipe(recipe: dict, cluster_cfg: ClusterConfig | None = None, async_: bool = True,
-                       source: str = "recipe") -> LaunchCommand:
+                       source: str = "recipe", save: str | None = None,
+                       save_interval: int | None = None) -> LaunchCommand:
     """The slime launch of a recipe's model, gpu, layout and workload (the `attune slime command` view).
 
     The recipe is read by attune.recipe.target.recipe_target, the one recipe parser: optimizer settings from
     the recipe's `run` flags when it has them (else attune's defaults, which are the seed's), the step count and
     window from its `result` block (else 20 steps, window 5..19). source names the recipe in messages.
+    save / save_interval: checkpoints of a real run (``slime_command``).
     """
     t = recipe_target(recipe, engine="slime", source=source)
     return slime_command(t.model, t.cluster, t.layout, t.workload, cluster_cfg=cluster_cfg, async_=async_,
-                         trial=f"attune-{t.layout.slug()}")
+                         trial=f"attune-{t.layout.slug()}", save=save, save_interval=save_interval)

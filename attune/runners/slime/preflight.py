@@ -171,6 +171,8 @@ def _node_rows(n: dict, cfg: ClusterConfig, model: ModelSpec | None) -> list[Pre
         add("paths.sft_data", False, f"{p.sft_data}: not a parquet file (no PAR1 header)")
     else:
         add("paths.sft_data", True, f"{p.sft_data}: readable, {n.get('data_bytes', 0):,} bytes")
+    if "tokenizer" in n:  # preflight_probe.tokenizer_match: the data's tokenizer is the checkpoint's
+        add("tokenizer", bool(n["tokenizer"].get("ok")), str(n["tokenizer"].get("detail")))
     if n.get("attune"):
         add("attune", True, f"importable through the job's runtime_env ({n['attune']})")
     else:

@@ -17,7 +17,9 @@ the HF checkpoint's ``config.json``; the torch_dist checkpoint's tracker file
 (``latest_checkpointed_iteration.txt``, Megatron-LM's ``get_checkpoint_tracker_filename``); the first bytes of
 the data file (a parquet file starts with ``PAR1``); whether ``import attune`` works in the task (what the job's
 runtime_env gives slime's actors); the GPUs (``nvidia-smi --query-gpu=name,memory.total``) and the NVLink
-count (``nvidia-smi topo -m``, as slime's scripts and attune's launch count it).
+count (``nvidia-smi topo -m``, as slime's scripts and attune's launch count it); and whether the data was
+tokenized with the checkpoint's tokenizer (:func:`tokenizer_match`: the ``tokenizer_sha256`` that ``attune data
+build`` writes into the parquet's schema metadata against the sha256 of the checkpoint's ``tokenizer.json``).
 """
 # entry point: run as the preflight Ray job's driver; prints one line
 
@@ -26,12 +28,79 @@ from __future__ import annotations
 import json
 import sys
 
-__all__ = ["node_checks", "MARKER", "main"]
+__all__ = ["node_checks", "tokenizer_match", "data_tokenizer_sha256", "MARKER", "main"]
 
 MARKER = "attune-preflight: "
 # Seconds for the import check of slime and Megatron-LM (importing megatron.core pulls in torch) and nvidia-smi.
 IMPORT_TIMEOUT_S = 180
 SMI_TIMEOUT_S = 30
+
+
+# attune.datasets.build: the schema metadata key of the build parameters (SCHEMA_KEY) and the JSON it holds
+# (json.dumps(..., sort_keys=True): '"tokenizer_sha256": "<64 hex>"'); written out here because this module
+# runs where attune may not be importable.
+BUILD_KEY = b"attune.build"
+_TOKENIZER_SHA_RE = rb'"tokenizer_sha256": "([0-9a-f]{64})"'
+# Parquet files end with the footer (Thrift FileMetaData, which holds the key/value schema metadata as plain
+# bytes), its length as 4 little-endian bytes, and the magic PAR1 (Apache Parquet format, "File format").
+_PARQUET_TAIL = 8
+_MAX_FOOTER_BYTES = 64 << 20
+
+
+def data_tokenizer_sha256(data_path: str) -> tuple[str | None, str]:
+    """(sha256 of the tokenizer.json the rows were built with, '') from an ``attune data build`` parquet's
+    footer, or (None, why not). Reads the footer only; needs no pyarrow."""
+    import os
+    import re
+
+    try:
+        size = os.path.getsize(data_path)
+        with open(data_path, "rb") as f:
+            if size < 12:
+                return None, "too short for a parquet file"
+            f.seek(size - _PARQUET_TAIL)
+            tail = f.read(_PARQUET_TAIL)
+            if tail[4:] != b"PAR1":
+                return None, "not a parquet file (no PAR1 footer)"
+            n = int.from_bytes(tail[:4], "little")
+            if not 0 < n <= min(_MAX_FOOTER_BYTES, size - 12):
+                return None, f"parquet footer length {n} is not readable"
+            f.seek(size - _PARQUET_TAIL - n)
+            footer = f.read(n)
+    except OSError as e:
+        return None, f"{type(e).__name__}: {e}"[:300]
+    if BUILD_KEY not in footer:
+        return None, "no attune.build metadata (not built by `attune data build`), so its tokenizer is unknown"
+    m = re.search(_TOKENIZER_SHA_RE, footer)
+    if m is None:
+        return None, "attune.build metadata without tokenizer_sha256"
+    return m.group(1).decode(), ""
+
+
+def tokenizer_match(hf_dir: str, data_path: str) -> dict:
+    """{"ok": bool, "detail": str}: whether the rows were tokenized with the checkpoint's tokenizer (the
+    sha256 ``attune data build`` recorded against the checkpoint's tokenizer.json). Token ids from another
+    tokenizer train silently on the wrong text, so anything unproven is a failure. Never raises."""
+    import hashlib
+    import os
+
+    want, why = data_tokenizer_sha256(data_path)
+    if want is None:
+        return {"ok": False, "detail": f"the data's tokenizer is unknown: {why}"}
+    tok = os.path.join(hf_dir, "tokenizer.json")
+    try:
+        h = hashlib.sha256()
+        with open(tok, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError as e:
+        return {"ok": False, "detail": f"the checkpoint has no readable tokenizer.json to compare: {type(e).__name__}"}
+    got = h.hexdigest()
+    if got != want:
+        return {"ok": False, "detail": f"the data was tokenized with tokenizer sha256 {want[:12]}..., the checkpoint's "
+                                       f"tokenizer.json is {got[:12]}...: rebuild the rows with `attune data build "
+                                       f"--tokenizer {tok}`"}
+    return {"ok": True, "detail": f"the data was tokenized with the checkpoint's tokenizer.json (sha256 {got[:12]}...)"}
 
 
 def node_checks(paths: dict, python: str) -> dict:
@@ -90,6 +159,7 @@ def node_checks(paths: dict, python: str) -> dict:
     except OSError as e:
         out["data_head"] = None
         out["data_error"] = f"{type(e).__name__}: {e}"[:300]
+    out["tokenizer"] = tokenizer_match(hf, data)
 
     try:
         mod = importlib.import_module("attune")

@@ -1,0 +1,61 @@
+"""Helpers the family plug-ins share: reading Hugging Face config fields and writing Megatron flag values."""
+
+from __future__ import annotations
+
+import re
+
+from attune.errors import ModelError
+from attune.spec.moe import MoESpec
+
+
+def need(cfg: dict, key: str, where: str):
+    """cfg[key], or a one-line ModelError naming the missing field."""
+    if cfg.get(key) is None:
+        raise ModelError(f"{where}: config is missing the field '{key}'")
+    return cfg[key]
+
+
+def rope_theta(cfg: dict, default: float = 10000.0) -> float:
+    """``rope_theta``, or transformers 5's ``rope_parameters.rope_theta``."""
+    return float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or default)
+
+
+def silu_only(cfg: dict, where: str) -> None:
+    act = cfg.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise ModelError(f"{where}: hidden_act '{act}' is not supported; allowed: silu (SwiGLU)")
+
+
+def num(x: float | int) -> str:
+    """A flag value as slime's scripts write it: 1000000.0 -> 1000000, 1e-06 -> 1e-6, 2.5 -> 2.5."""
+    if float(x) == int(x) and abs(x) < 1e15:
+        return str(int(x))
+    s = repr(float(x))
+    return re.sub(r"e([+-])0*(\d)", lambda m: "e" + ("-" if m.group(1) == "-" else "") + m.group(2), s)
+
+
+def deepseek_style_moe(cfg: dict, family: str, where: str) -> MoESpec:
+    """The MoE part of a DeepSeek-style config (GLM-4.5, GLM-4.7-Flash): ``first_k_dense_replace`` dense first
+    layers, ``n_shared_experts`` ungated shared experts of ``moe_intermediate_size`` each, a sigmoid router with
+    the ``e_score_correction_bias`` vector, group-limited top-k and ``routed_scaling_factor``."""
+    layers = int(need(cfg, "num_hidden_layers", where))
+    k = int(cfg.get("first_k_dense_replace") or 0)
+    if not 0 <= k < layers:
+        raise ModelError(f"{where}: first_k_dense_replace {k} must leave at least one of the {layers} layers MoE")
+    ffn = int(need(cfg, "moe_intermediate_size", where))
+    n_shared = int(cfg.get("n_shared_experts") or 0)
+    return MoESpec(family=family, experts=int(need(cfg, "n_routed_experts", where)),
+                   top_k=int(need(cfg, "num_experts_per_tok", where)), expert_ffn=ffn, shared_ffn=n_shared * ffn,
+                   dense_ffn=int(need(cfg, "intermediate_size", where)),
+                   pattern=(0,) * k + (1,) * (layers - k) if k else (), shared_experts=n_shared, score="sigmoid",
+                   router_bias=True, num_groups=int(cfg.get("n_group") or 0), group_topk=int(cfg.get("topk_group") or 0),
+                   topk_scaling=float(cfg.get("routed_scaling_factor") or 0.0))
+
+
+def slime_layer_freq(moe: MoESpec, layers: int) -> str:
+    """``--moe-layer-freq`` as slime's GLM scripts write it: ``[0]*N_DENSE+[1]*N_MOE`` (or ``[1]*N``), in
+    Megatron's accepted characters (arguments.py ``_eval_pattern``)."""
+    dense = moe.pattern.count(0) if moe.pattern else 0
+    if moe.pattern and moe.pattern != (0,) * dense + (1,) * (layers - dense):
+        raise ModelError(f"MoE pattern {moe.pattern} is not dense-first; slime's scripts write [0]*N+[1]*M only")
+    return f"[0]*{dense}+[1]*{layers - dense}" if dense else f"[1]*{layers}"

@@ -50,7 +50,7 @@ def test_moe_space_proposes_only_dispatchers_the_engine_runs():
     assert "allgather" in space.domain("dispatcher")  # the space names it: the rules decide per engine
     on_slime = {lay.moe_dispatcher for _, lay in space.enumerate(m, 8, wl, SLIME)}
     on_megatron = {lay.moe_dispatcher for _, lay in space.enumerate(m, 8, wl, MEGATRON)}
-    assert on_slime == {"alltoall"} and on_megatron == {"alltoall", "allgather"}
+    assert on_slime == {"alltoall", "flex"} and on_megatron == {"alltoall", "allgather", "flex"}
 
 
 @pytest.mark.slow

@@ -11,7 +11,6 @@ has a ``description``.
 
 from __future__ import annotations
 
-import types
 import typing
 from typing import Any
 
@@ -19,14 +18,18 @@ from pydantic import BaseModel, ValidationError
 
 __all__ = ["one_line"]
 
-# pydantic error type -> what is allowed, in words
+# pydantic error type -> what is allowed, in words ("'lots' is not a number")
 _TYPES = {
-    "int_type": "must be an integer", "int_parsing": "must be an integer", "int_from_float": "must be a whole number",
-    "float_type": "must be a number", "float_parsing": "must be a number", "string_type": "must be a string",
-    "bool_type": "must be true or false", "bool_parsing": "must be true or false",
-    "dict_type": "must be a mapping", "model_type": "must be a mapping", "model_attributes_type": "must be a mapping",
-    "list_type": "must be a list", "tuple_type": "must be a list", "finite_number": "must be a finite number",
+    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "a whole number",
+    "float_type": "a number", "float_parsing": "a number", "string_type": "a string",
+    "bool_type": "true or false", "bool_parsing": "true or false",
+    "dict_type": "a mapping", "model_type": "a mapping", "model_attributes_type": "a mapping",
+    "list_type": "a list", "tuple_type": "a list",
 }
+
+
+# error types whose words do not quote the value: " (got VALUE)" follows them
+_SHOWN = ("finite_number", "greater_than_equal", "greater_than", "less_than_equal", "less_than")
 
 
 def _models(annotation: Any) -> list[type[BaseModel]]:
@@ -68,12 +71,16 @@ def _what(err: dict, model: type[BaseModel] | None, loc: tuple) -> str:
                      "less_than_equal": ("<=", "le"), "less_than": ("<", "lt")}[kind]
         if op == ">=" and ctx.get(bound) == 1 and isinstance(got, int):
             return "must be a positive integer"
-        return f"must be {op} {ctx.get(bound)}"
+        b = ctx.get(bound)
+        return f"must be {op} {int(b) if isinstance(b, float) and b.is_integer() else b}"
     if kind in ("too_long", "too_short"):
         n, most, least = ctx.get("actual_length"), ctx.get("max_length"), ctx.get("min_length")
         return f"{n:,} items; at most {most}" if kind == "too_long" else f"{n} items; at least {least}"
+    if kind == "finite_number":
+        return "must be a finite number"
     if kind in _TYPES:
-        return _TYPES[kind]
+        shown = "" if isinstance(got, (dict, list, tuple)) else f"{got!r:.60} "
+        return f"{shown}is not {_TYPES[kind]}" if shown else f"must be {_TYPES[kind]} (got {type(got).__name__})"
     msg = str(err.get("msg", "invalid"))
     for head in ("Value error, ", "Assertion failed, "):
         msg = msg.removeprefix(head)
@@ -88,10 +95,8 @@ def one_line(e: ValidationError, model: type[BaseModel] | None = None) -> str:
     loc = tuple(x for x in err.get("loc", ()) if x != "[key]")
     what = _what(err, model, loc)
     got = err.get("input")
-    shown = (f" (got {got!r:.60})" if err.get("type") not in ("missing", "extra_forbidden", "literal_error",
-                                                                "value_error", "assertion_error", "too_long",
-                                                                "too_short")
-             and not isinstance(got, (dict, list, tuple, types.MappingProxyType)) else "")
+    shown = (f" (got {got!r:.60})" if err.get("type") in _SHOWN and not isinstance(got, (dict, list, tuple))
+             else "")
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     where = ".".join(str(x) for x in loc)
     return " ".join(f"{where + ': ' if where else ''}{what}{shown}{more}".split())

@@ -75,7 +75,7 @@ def _what(err: dict, model: type[BaseModel] | None, loc: tuple) -> str:
         return f"must be {op} {int(b) if isinstance(b, float) and b.is_integer() else b}"
     if kind in ("too_long", "too_short"):
         n, most, least = ctx.get("actual_length"), ctx.get("max_length"), ctx.get("min_length")
-        return f"{n:,} items; at most {most}" if kind == "too_long" else f"{n} items; at least {least}"
+        return f"{n:,} items; at most {most}" if kind == "too_long" else f"must have at least {least} item(s) (got {n})"
     if kind == "finite_number":
         return "must be a finite number"
     if kind in _TYPES:

@@ -58,7 +58,8 @@ def test_flags_table_answers_and_misses(tmp_path, qwen, h200x8, slime):
      "unknown flag --warp-drive"),
     (["flags", "outcome", "tokens_per_s_per_gpu", "step_time_s"], [[A, "ok", "1", "1"], [A, "oom", "", ""]],
      "rows 2 and 3 are the same layout"),
-    (["flags", "outcome", "tokens_per_s_per_gpu", "step_time_s"], [[A, "fast", "1", "1"]], "outcome 'fast'"),
+    (["flags", "outcome", "tokens_per_s_per_gpu", "step_time_s"], [[A, "fast", "1", "1"]],
+     "outcome: 'fast' not allowed; allowed: 'ok', 'oom' or 'failed'"),
     (["flags", "outcome", "tokens_per_s_per_gpu", "step_time_s"], [[A, "ok", "lots", "1"]], "is not a number"),
 ])
 def test_bad_tables_are_one_line_errors(tmp_path, qwen, header, rows, needle):

@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import math
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, ValidationError
 
 from attune.errors import FlagError, LayoutError, UserInputError
 from attune.runners.base import FAILED, OK, OOM, Capabilities, Runner, TrialResult, TrialSpec
@@ -41,6 +43,7 @@ from attune.spec.model import ModelSpec
 from attune.spec.placement import stage_layer_counts, virtual_stage_counts
 from attune.spec.rules import check
 from attune.spec.textio import load_yaml, read_text
+from attune.spec.validation import one_line
 
 __all__ = ["ReplayRunner", "ReplayRow", "ReplayTableError", "replay_key", "REQUIRED_COLUMNS"]
 
@@ -107,35 +110,100 @@ class ReplayRow:
 MAX_TOKENS_PER_S_PER_GPU = 1e9
 
 
-def _num(v, kind, where: str):
-    """A finite, non-negative number of a cell (an int where kind is int), None for an empty cell."""
-    if v is None or (isinstance(v, str) and not v.strip()):
-        return None
-    try:
-        x = float(v) if not isinstance(v, bool) else None
-    except (TypeError, ValueError, OverflowError):
-        x = None
-    if x is None:
-        raise ReplayTableError(f"{where}: {str(v)[:40]!r} is not a number")
-    if not math.isfinite(x) or x < 0:
-        raise ReplayTableError(f"{where}: {str(v)[:40]!r} must be a finite number >= 0")
-    if kind is int:
-        if x != int(x):
-            raise ReplayTableError(f"{where}: {str(v)[:40]!r} must be a whole number")
-        return int(x)
-    return x
+def _cell(v: Any) -> Any:
+    """A table cell before typing: an empty cell is None, text is stripped, a YAML true/false is not a number."""
+    if isinstance(v, bool):
+        raise ValueError(f"must be a number, not {str(v).lower()}")
+    if isinstance(v, str):
+        v = v.strip()
+        return v or None
+    return v
 
 
-def _tps(v, where: str):
-    x = _num(v, float, where)
+def _int_cell(v: Any) -> Any:
+    """As :func:`_cell`; text is read as a number first, so ``2.0`` is the whole number 2 and ``2.5`` is refused."""
+    v = _cell(v)
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return v
+    return v
+
+
+def _plausible(x: float | None) -> float | None:
     if x is not None and x > MAX_TOKENS_PER_S_PER_GPU:
-        raise ReplayTableError(f"{where}: {x:g} tokens/s per GPU is not a plausible measurement "
-                               f"(at most {MAX_TOKENS_PER_S_PER_GPU:g})")
+        raise ValueError(f"{x:g} tokens/s per GPU is not a plausible measurement (at most {MAX_TOKENS_PER_S_PER_GPU:g})")
     return x
 
 
-def _bool(v) -> bool:
+def _peaks(v: Any) -> Any:
+    """``peak_gib``: ``;``-separated GiB per stage in a CSV cell, or a YAML list."""
+    if v is None or isinstance(v, (int, float)) and not isinstance(v, bool):
+        return () if v is None else (v,)
+    return [x for x in str(v).split(";") if x.strip()] if isinstance(v, str) else v
+
+
+def _bool(v: Any) -> bool:
     return str(v).strip().lower() in ("true", "1", "yes")
+
+
+# A finite number >= 0 of a cell (None for an empty one); a whole number where it counts something
+Num = Annotated[Optional[Annotated[float, Field(ge=0, allow_inf_nan=False)]], BeforeValidator(_cell)]
+Whole = Annotated[Optional[Annotated[int, Field(ge=0)]], BeforeValidator(_int_cell)]
+Tps = Annotated[Num, AfterValidator(_plausible)]
+Switch = Annotated[bool, BeforeValidator(_bool)]
+Text = Annotated[Optional[str], BeforeValidator(_cell)]
+
+
+class FlagsRow(BaseModel):
+    """One row of a flags table (module docstring); other columns are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+    flags: StrictStr = Field(description="the layout's Megatron-LM / slime flags")
+    outcome: Annotated[Literal["ok", "oom", "failed"], BeforeValidator(lambda v: str(v).strip().lower())]
+    tokens_per_s_per_gpu: Tps
+    step_time_s: Num
+    peak_gib: Annotated[tuple[Annotated[float, Field(ge=0, allow_inf_nan=False), BeforeValidator(_cell)], ...],
+                        BeforeValidator(_peaks)] = ()
+    oom_stage: Whole = None
+    gpu_hours: Num = None
+
+
+class TrialsCsvRow(BaseModel):
+    """One row of a trials.csv an earlier study wrote (attune.reporting.trials_csv); the columns replay reads."""
+
+    model_config = ConfigDict(extra="ignore")
+    state: Optional[str] = None
+    role: Text = None
+    runner: Text = None
+    outcome: Text = None
+    tp: Whole = None
+    pp: Whole = None
+    cp: Whole = None
+    dp: Whole = None
+    sp: Switch = False
+    first: Whole = None
+    last: Whole = None
+    vpp: Whole = None
+    recompute_granularity: Text = None
+    recompute_method: Text = None
+    recompute_num_layers: Whole = None
+    optimizer_cpu_offload: Switch = False
+    max_tokens_per_gpu: Whole = None
+    measured_tokens_per_s_per_gpu: Tps = None
+    predicted_tokens_per_s_per_gpu: Num = None
+    measured_peak_gib: Num = None
+    step_time_s: Num = None
+    gpu_hours: Num = None
+    predicted_peak_stage: Whole = None
+
+
+def _row(model: type[BaseModel], raw: dict, where: str):
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        raise ReplayTableError(f"{where}: {one_line(e, model)}") from None
 
 
 def _read_rows(path: Path) -> list[dict]:
@@ -204,8 +272,9 @@ class ReplayRunner(Runner):
         rows = []
         for n, r in enumerate(raw, start=2):
             where = f"{path} row {n}"
+            c = _row(FlagsRow, r, where)
             try:
-                parsed = from_flags(shlex.split(str(r["flags"])), model, world_size)
+                parsed = from_flags(shlex.split(c.flags), model, world_size)
             except (FlagError, LayoutError) as e:
                 raise ReplayTableError(f"{where}: {str(e).splitlines()[0]}") from None
             except ValueError as e:  # shlex: an unclosed quote
@@ -213,13 +282,9 @@ class ReplayRunner(Runner):
             if parsed.ignored:
                 raise ReplayTableError(f"{where}: unknown flag {parsed.ignored[0]} (not a layout or workload flag "
                                        f"of attune's flag table)")
-            peaks = tuple(_num(x, float, f"{where} peak_gib") for x in str(r.get("peak_gib") or "").split(";")
-                          if x.strip())
-            rows.append(ReplayRow(line=n, layout=parsed.layout, outcome=str(r["outcome"]).strip().lower(),
-                                  tokens_per_s_per_gpu=_tps(r["tokens_per_s_per_gpu"], f"{where} tokens_per_s_per_gpu"),
-                                  step_time_s=_num(r["step_time_s"], float, f"{where} step_time_s"), peak_gib=peaks,
-                                  oom_stage=_num(r.get("oom_stage"), int, f"{where} oom_stage"),
-                                  gpu_hours=_num(r.get("gpu_hours"), float, f"{where} gpu_hours")))
+            rows.append(ReplayRow(line=n, layout=parsed.layout, outcome=c.outcome,
+                                  tokens_per_s_per_gpu=c.tokens_per_s_per_gpu, step_time_s=c.step_time_s,
+                                  peak_gib=c.peak_gib, oom_stage=c.oom_stage, gpu_hours=c.gpu_hours))
         return rows
 
     @staticmethod
@@ -229,29 +294,24 @@ class ReplayRunner(Runner):
             if not r.get("role") or r.get("state") not in _STATE_OUTCOME:
                 continue
             where = f"{path} row {n}"
-            g = lambda k: r.get(k) if r.get(k) not in (None, "") else None  # noqa: E731
+            c = _row(TrialsCsvRow, r, where)
             try:
-                lay = Layout(tp=_num(g("tp"), int, where), pp=_num(g("pp"), int, where), cp=_num(g("cp"), int, where),
-                             dp=_num(g("dp"), int, where) or 1, sp=_bool(g("sp")), first=_num(g("first"), int, where),
-                             last=_num(g("last"), int, where), vpp=_num(g("vpp"), int, where) or 1,
-                             recompute_granularity=g("recompute_granularity") or "none",
-                             recompute_method=g("recompute_method"),
-                             recompute_num_layers=_num(g("recompute_num_layers"), int, where),
-                             optimizer_cpu_offload=_bool(g("optimizer_cpu_offload")),
-                             max_tokens_per_gpu=_num(g("max_tokens_per_gpu"), int, where))
+                lay = Layout(tp=c.tp, pp=c.pp, cp=c.cp, dp=c.dp or 1, sp=c.sp, first=c.first, last=c.last,
+                             vpp=c.vpp or 1, recompute_granularity=c.recompute_granularity or "none",
+                             recompute_method=c.recompute_method, recompute_num_layers=c.recompute_num_layers,
+                             optimizer_cpu_offload=c.optimizer_cpu_offload, max_tokens_per_gpu=c.max_tokens_per_gpu)
             except LayoutError as e:
                 raise ReplayTableError(f"{where}: {e}") from None
-            outcome = (g("outcome") or _STATE_OUTCOME[r["state"]]).lower()
-            tps = _tps(g("measured_tokens_per_s_per_gpu"), where)
-            if tps is None and outcome == OK and g("runner") == "sim":
-                tps = _num(g("predicted_tokens_per_s_per_gpu"), float, where)
+            outcome = (c.outcome or _STATE_OUTCOME[r["state"]]).lower()
+            tps = c.measured_tokens_per_s_per_gpu
+            if tps is None and outcome == OK and c.runner == "sim":
+                tps = c.predicted_tokens_per_s_per_gpu
             if outcome == OK and tps is None:
                 outcome = FAILED
-            peak = _num(g("measured_peak_gib"), float, where)
+            peak = c.measured_peak_gib
             row = ReplayRow(line=n, layout=lay, outcome=outcome, tokens_per_s_per_gpu=tps, unknown=_TRIALS_CSV_UNKNOWN,
-                            step_time_s=_num(g("step_time_s"), float, where), peak_gib=(peak,) if peak else (),
-                            oom_stage=_num(g("predicted_peak_stage"), int, where) if outcome == OOM else None,
-                            gpu_hours=_num(g("gpu_hours"), float, where))
+                            step_time_s=c.step_time_s, peak_gib=(peak,) if peak else (),
+                            oom_stage=c.predicted_peak_stage if outcome == OOM else None, gpu_hours=c.gpu_hours)
             k = replay_key(lay, model.num_layers, _TRIALS_CSV_UNKNOWN)
             if k in seen and seen[k].outcome != FAILED and row.outcome != FAILED:
                 raise ReplayTableError(f"{path}: rows {seen[k].line} and {n} both measured layout {lay.label()}; "

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import optuna
+from pydantic import ValidationError
 
 from attune.errors import SearchSpaceError
 
@@ -25,10 +26,11 @@ from attune.errors import LayoutError
 from attune.spec.rules import check, layout_string_refusal
 from attune.spec.placement import stage_layer_counts
 from attune.spec.identity import KEY_DERIVED_FIELDS, layout_from_dict, layout_key  # noqa: F401 (re-exported)
-from attune.spec.knobs import OFFLOAD_MODULES, RECOMPUTE_MODULES
 from attune.spec.pipeline_layout import layout_string
 from attune.spec.model import ModelSpec
 from attune.spec.textio import load_yaml, read_text
+from attune.spec.validation import one_line
+from attune.search.spacefile import IntRange, SpaceFile
 
 # knob -> kind: "choice" (a list of values) or "int" ({low, high})
 KNOBS = {
@@ -64,13 +66,6 @@ DEFAULTS = {"tp": 1, "sequence_parallel": False, "pp": 1, "first_offset": 0, "la
             "moe_grouped_gemm": True, "moe_permute_fusion": True, "moe_shared_expert_overlap": False,
             "recompute_modules": "core_attn", "activation_offload": "none", "comm_overlap": False,
             "stage_layout": "split"}
-ALLOWED_VALUES = {"recompute": {"none", "selective", "full"}, "recompute_method": {"block", "uniform"},
-                  "sequence_parallel": {True, False}, "optimizer_cpu_offload": {True, False},
-                  "dispatcher": {"alltoall", "allgather", "flex"}, "comm_overlap": {True, False},
-                  "stage_layout": {"split", "string"}}
-# '+'-joined module lists: each part must be one of these (attune.spec.knobs)
-MODULE_LIST_VALUES = {"recompute_modules": RECOMPUTE_MODULES, "activation_offload": OFFLOAD_MODULES}
-POSITIVE_INT = {"tp", "pp", "vpp", "cp", "tokens_per_microbatch_rows", "ep", "etp"}
 # knob-distance features of a layout (see `layout_features`) and their weights: one unit is "one knob step"
 # (a doubling of TP/PP/VPP/CP/rows, a switch, a recompute kind, 4 layers moved between stages)
 FEATURES = ("log2_tp", "sp", "log2_pp", "first_shift", "last_shift", "log2_vpp", "log2_cp", "selective", "full",
@@ -434,14 +429,6 @@ def _space_text(name_or_path: str | Path | None) -> tuple[str, str]:
     return str(p), read_text(p, "search space file", SearchSpaceError)
 
 
-# Bounds on a space file, so that enumerating it stays possible: an int knob spans layer offsets or counts (the
-# largest bundled model, Llama-3.1-405B, has 126 layers; 1024 is far above), a choice list names parallel sizes or
-# modules (tens at most), and the product of all domains stays within 50x the bundled dense space's 2e8.
-MAX_INT_RANGE = 1024
-MAX_CHOICES = 256
-MAX_SPACE_SIZE = 10 ** 10
-
-
 def load_space(path: str | Path | None = None) -> SearchSpace:
     """A search space: None is the default bundled space (`dense`), a bare name (`small`) a bundled one, anything
     else a path to a YAML file."""
@@ -449,62 +436,12 @@ def load_space(path: str | Path | None = None) -> SearchSpace:
     data = load_yaml(text, p, SearchSpaceError)
     if not isinstance(data, dict):
         raise SearchSpaceError(f"{p}: a search space must be a mapping with 'knobs' and 'fixed'")
-    unknown = set(data) - {"name", "knobs", "fixed", "description"}
-    if unknown:
-        raise SearchSpaceError(f"{p}: unknown top-level key '{sorted(unknown)[0]}'; allowed: name, knobs, fixed")
-    knobs_in, fixed = data.get("knobs") or {}, data.get("fixed") or {}
-    if not isinstance(knobs_in, dict) or not isinstance(fixed, dict):
-        raise SearchSpaceError(f"{p}: 'knobs' and 'fixed' must be mappings")
-    knobs = {}
-    for k, v in knobs_in.items():
-        if k not in KNOBS:
-            raise SearchSpaceError(f"{p}: knobs.{k}: unknown knob; allowed: {', '.join(KNOBS)}")
-        if k in fixed:
-            raise SearchSpaceError(f"{p}: knobs.{k}: also set in 'fixed' (contradictory)")
-        if KNOBS[k] == "int":
-            if not (isinstance(v, dict) and isinstance(v.get("low"), int) and isinstance(v.get("high"), int)):
-                raise SearchSpaceError(f"{p}: knobs.{k}: expected {{low: INT, high: INT}}")
-            if v["low"] > v["high"]:
-                raise SearchSpaceError(f"{p}: knobs.{k}: low {v['low']} > high {v['high']}")
-            if v["high"] - v["low"] + 1 > MAX_INT_RANGE:
-                raise SearchSpaceError(f"{p}: knobs.{k}: {v['high'] - v['low'] + 1:,} values; at most {MAX_INT_RANGE}")
-            knobs[k] = (v["low"], v["high"])
-        else:
-            if not isinstance(v, list) or not v:
-                raise SearchSpaceError(f"{p}: knobs.{k}: expected a non-empty list of choices")
-            if len(v) > MAX_CHOICES:
-                raise SearchSpaceError(f"{p}: knobs.{k}: {len(v):,} choices; at most {MAX_CHOICES}")
-            for x in v:
-                _check_value(p, f"knobs.{k}", k, x)
-            knobs[k] = tuple(v)
-    for k, v in fixed.items():
-        if k not in KNOBS and k not in FIXED_ONLY:
-            raise SearchSpaceError(f"{p}: fixed.{k}: unknown setting; allowed: {', '.join(list(KNOBS) + sorted(FIXED_ONLY))}")
-        if k in KNOBS and KNOBS[k] == "int" and not isinstance(v, int):
-            raise SearchSpaceError(f"{p}: fixed.{k}: expected an integer")
-        if k in KNOBS and KNOBS[k] == "choice":
-            _check_value(p, f"fixed.{k}", k, v)
-    if fixed.get("optimizer_cpu_offload") is True and fixed.get("precision_aware_optimizer") is False:
-        raise SearchSpaceError(f"{p}: fixed.optimizer_cpu_offload: CPU offload needs precision_aware_optimizer true")
-    if fixed.get("distributed_optimizer") is False and fixed.get("precision_aware_optimizer") is True:
-        raise SearchSpaceError(f"{p}: fixed.precision_aware_optimizer: needs distributed_optimizer true")
-    size = math.prod((v[1] - v[0] + 1) if KNOBS[k] == "int" else len(v) for k, v in knobs.items())
-    if size > MAX_SPACE_SIZE:
-        raise SearchSpaceError(f"{p}: {size:.3g} knob combinations; at most {MAX_SPACE_SIZE:.0e} (the dense space "
-                               f"has 2e8): narrow a knob")
-    return SearchSpace(name=str(data.get("name") or Path(p).stem), path=str(p), knobs=knobs, fixed=dict(fixed))
-
-
-def _check_value(p, where, k, x):
-    if k in MODULE_LIST_VALUES:
-        parts = [] if x == "none" and k == "activation_offload" else str(x).split("+")
-        bad = [m for m in parts if m not in MODULE_LIST_VALUES[k]]
-        if not isinstance(x, str) or bad or (k == "recompute_modules" and not parts):
-            raise SearchSpaceError(f"{p}: {where}: {x!r} not allowed; allowed: '+'-joined names of "
-                                   f"{', '.join(MODULE_LIST_VALUES[k])}{' or none' if k == 'activation_offload' else ''}")
-    if k == "offload_fraction" and not (isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x <= 1):
-        raise SearchSpaceError(f"{p}: {where}: {x!r} must be a fraction in (0, 1]")
-    if k in ALLOWED_VALUES and x not in ALLOWED_VALUES[k]:
-        raise SearchSpaceError(f"{p}: {where}: {x!r} not allowed; allowed: {sorted(map(str, ALLOWED_VALUES[k]))}")
-    if k in POSITIVE_INT and not (isinstance(x, int) and not isinstance(x, bool) and x >= 1):
-        raise SearchSpaceError(f"{p}: {where}: {x!r} must be a positive integer")
+    try:
+        f = SpaceFile.model_validate(data)
+    except ValidationError as e:
+        raise SearchSpaceError(f"{p}: {one_line(e, SpaceFile)}") from None
+    # the file's own order of knobs and settings (Optuna's parameters, the enumeration order)
+    knobs = {k: (v.low, v.high) if isinstance(v := getattr(f.knobs, k), IntRange) else tuple(v)
+             for k in (data.get("knobs") or {})}
+    fixed = {k: getattr(f.fixed, k) for k in (data.get("fixed") or {})}
+    return SearchSpace(name=f.name or Path(p).stem, path=str(p), knobs=knobs, fixed=fixed)

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Optional
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
 
 from attune.errors import ModelError
+from attune.spec.validation import one_line
 
 __all__ = ["HFConfig", "check_hf_config"]
 
@@ -110,16 +111,6 @@ class HFConfig(BaseModel):
         return self
 
 
-def _one_line(e: ValidationError) -> str:
-    err = e.errors()[0]
-    loc = ".".join(str(x) for x in err.get("loc", ()))
-    got = err.get("input")
-    msg = err.get("msg", "invalid").replace("Value error, ", "")
-    shown = f" (got {got!r:.60})" if loc and not isinstance(got, (dict, list)) else ""
-    more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
-    return f"field '{loc}': {msg}{shown}{more}" if loc else f"{msg}{more}"
-
-
 def check_hf_config(cfg: Any, where: str) -> dict:
     """``cfg`` without its null fields (HF writes ``"head_dim": null`` for "the default"), or ModelError (one
     line) when it is not a config.json attune can read safely."""
@@ -128,7 +119,7 @@ def check_hf_config(cfg: Any, where: str) -> dict:
     try:
         HFConfig.model_validate(cfg)
     except ValidationError as e:
-        raise ModelError(f"{where}: config.json {_one_line(e)}") from None
+        raise ModelError(f"{where}: config.json field {one_line(e, HFConfig)}") from None
     except RecursionError:
         raise ModelError(f"{where}: config.json is nested too deeply") from None
     out = {k: v for k, v in cfg.items() if v is not None}

@@ -41,15 +41,18 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError,
+                      ValidationInfo, field_validator)
 
 from attune.runners.shell import ShellValueError, check_ray_literal
 from attune.spec.hardware import Cluster, parse_cluster
 from attune.spec.textio import load_yaml, read_text
-from attune.errors import HardwareError
+from attune.spec.validation import one_line
 
 __all__ = ["ClusterConfig", "ClusterFileError", "SlimePaths", "load_cluster", "parse_cluster_config",
-           "default_paths", "PATH_VARS", "DEFAULT_SLOT_RESOURCE"]
+           "default_paths", "PATH_VARS", "DEFAULT_SLOT_RESOURCE", "ClusterFile"]
 
 # The custom Ray resource each node advertises once (`ray start --resources '{"attune_trial_slot": 1}'`); a trial
 # job asks for one, so Ray admits at most one trial per node. GPUs are left to slime's own placement group.
@@ -68,10 +71,6 @@ PATH_VARS: dict[str, str] = {
     "sft_data": "SFT_DATA",
     "output": "PROFILE_DIR",
 }
-_OPTIONAL_PATHS = ("attune",)
-_TOP_KEYS = ("ray", "nodes", "gpus_per_node", "gpu_type", "nvlink", "python", "paths", "env", "timeouts")
-_RAY_KEYS = ("address", "slot_resource")
-_TIMEOUT_KEYS = ("trial_s", "poll_s", "stop_grace_s")
 _ADDRESS_RE = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+:\d+/?$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESOURCE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
@@ -123,41 +122,119 @@ def default_paths() -> dict[str, str]:
     return {k: f"${v}" for k, v in PATH_VARS.items()}
 
 
-def _err(src: str, key: str, msg: str) -> ClusterFileError:
-    return ClusterFileError(f"{src}: {key}: {msg}")
-
-
-def _pos_int(src: str, key: str, v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise _err(src, key, f"must be a positive integer (got {v!r})")
-    return v
-
-
-def _pos_seconds(src: str, key: str, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise _err(src, key, f"must be a positive number of seconds (got {v!r})")
-    return float(v)
-
-
-def _str(src: str, key: str, v: Any) -> str:
-    if not isinstance(v, str) or not v.strip():
-        raise _err(src, key, f"must be a non-empty string (got {v!r})")
+def _one_line_str(v: str) -> str:
+    if not v.strip():
+        raise ValueError("must be a non-empty string")
     if any(c in v for c in "\n\r\x00"):
-        raise _err(src, key, "must be one line")
+        raise ValueError("must be one line")
     return v
 
 
-def _literal(src: str, key: str, v: str) -> str:
+def _ray_literal(v: str) -> str:
     try:
-        return check_ray_literal(v, f"{src}: {key}")
+        return check_ray_literal(v, "")
     except ShellValueError as e:
-        raise ClusterFileError(str(e)) from None
+        raise ValueError(str(e).removeprefix(": ")) from None
 
 
-def _unknown(src: str, where: str, d: dict, allowed: tuple[str, ...]) -> None:
-    for k in d:
-        if k not in allowed:
-            raise _err(src, f"{where}{k}", f"unknown key; allowed: {', '.join(allowed)}")
+def _address(v: str) -> str:
+    if not _ADDRESS_RE.match(v.strip()):
+        raise ValueError(f"must be the Ray dashboard URL http(s)://HOST:PORT, e.g. http://10.0.0.1:8265 (got {v!r})")
+    return v.strip().rstrip("/")
+
+
+def _resource(v: str) -> str:
+    if not _RESOURCE_RE.fullmatch(v):
+        raise ValueError(f"must be a Ray custom resource name like {DEFAULT_SLOT_RESOURCE} (got {v!r})")
+    return v
+
+
+def _env_name(k: str) -> str:
+    if not _ENV_NAME_RE.fullmatch(k):
+        raise ValueError("not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+    if k in _RESERVED_ENV:
+        raise ValueError(f"set by attune's launch; not allowed here ({', '.join(_RESERVED_ENV)})")
+    return k
+
+
+def _env_value(v: Any) -> str:
+    """A string, number or switch (true/false: 1/0) as the job's environment value, literal for Ray."""
+    if isinstance(v, bool):
+        v = "1" if v else "0"
+    if not isinstance(v, (str, int, float)):
+        raise ValueError(f"must be a string or number (got {type(v).__name__})")
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError(f"must be a finite number (got {v!r})")
+    return "" if str(v) == "" else _ray_literal(_one_line_str(str(v)))
+
+
+Line = Annotated[StrictStr, AfterValidator(_one_line_str)]
+LiteralPath = Annotated[StrictStr, AfterValidator(_one_line_str), AfterValidator(_ray_literal)]
+Count = Annotated[StrictInt, Field(ge=1)]
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
+
+
+class RaySection(BaseModel):
+    """``ray:``: the Ray dashboard (Jobs API) and the per-node trial slot resource."""
+
+    model_config = ConfigDict(extra="forbid")
+    address: Annotated[StrictStr, AfterValidator(_address)] = Field(
+        description="the Ray dashboard URL, http://HEAD:8265")
+    slot_resource: Annotated[StrictStr, AfterValidator(_resource)] = DEFAULT_SLOT_RESOURCE
+
+
+class PathsSection(BaseModel):
+    """``paths:``: literal paths on the nodes (quoted by the launch, never expanded)."""
+
+    model_config = ConfigDict(extra="forbid")
+    slime: LiteralPath = Field(description="without a cluster file it is $SLIME_DIR")
+    megatron: LiteralPath = Field(description="without a cluster file it is $MEGATRON_DIR")
+    hf_checkpoint: LiteralPath = Field(description="without a cluster file it is $HF_CKPT")
+    torch_dist: LiteralPath = Field(description="without a cluster file it is $TORCH_DIST")
+    sft_data: LiteralPath = Field(description="without a cluster file it is $SFT_DATA")
+    output: LiteralPath = Field(description="without a cluster file it is $PROFILE_DIR")
+    attune: Optional[LiteralPath] = None
+
+
+class TimeoutsSection(BaseModel):
+    """``timeouts:``, seconds, each finite and positive."""
+
+    model_config = ConfigDict(extra="forbid")
+    trial_s: Seconds = DEFAULT_TRIAL_TIMEOUT_S
+    poll_s: Seconds = DEFAULT_POLL_S
+    stop_grace_s: Seconds = DEFAULT_STOP_GRACE_S
+
+
+class ClusterFile(BaseModel):
+    """The cluster file as written (module docstring); closed: an unknown key is an error."""
+
+    model_config = ConfigDict(extra="forbid")
+    ray: RaySection = Field(description="a mapping with ray.address, http://HEAD:8265")
+    nodes: Count
+    gpus_per_node: Count
+    gpu_type: Line
+    nvlink: Union[Literal["auto"], Annotated[StrictInt, Field(ge=0)]] = "auto"
+    python: Line = "python3"
+    paths: PathsSection = Field(description=f"a mapping with {', '.join(PATH_VARS)}")
+    env: Optional[dict[Annotated[StrictStr, AfterValidator(_env_name)],
+                       Annotated[Any, AfterValidator(_env_value)]]] = None
+    timeouts: Optional[TimeoutsSection] = None
+
+    @field_validator("gpu_type")
+    @classmethod
+    def _known_gpu(cls, v: str, info: ValidationInfo) -> str:
+        nodes, per = info.data.get("nodes"), info.data.get("gpus_per_node")
+        if nodes and per:
+            parse_cluster(f"{nodes}x{per}x{v}")  # HardwareError is a ValueError: one line naming the GPU types
+        return v
+
+    @field_validator("nvlink", mode="wrap")
+    @classmethod
+    def _nvlink(cls, v: Any, handler: Any) -> Any:
+        try:
+            return handler(v)
+        except ValidationError:
+            raise ValueError(f"must be auto or the NVLink count, an integer >= 0 (got {v!r})") from None
 
 
 def parse_cluster_config(data: Any, source: str = "<cluster>") -> ClusterConfig:
@@ -165,71 +242,15 @@ def parse_cluster_config(data: Any, source: str = "<cluster>") -> ClusterConfig:
     src = source
     if not isinstance(data, dict):
         raise ClusterFileError(f"{src}: the cluster file must be a YAML mapping (got {type(data).__name__})")
-    _unknown(src, "", data, _TOP_KEYS)
-    ray = data.get("ray")
-    if not isinstance(ray, dict):
-        raise _err(src, "ray", "missing or not a mapping; it needs ray.address (http://HEAD:8265)")
-    _unknown(src, "ray.", ray, _RAY_KEYS)
-    address = ray.get("address")
-    if not isinstance(address, str) or not _ADDRESS_RE.match(address.strip()):
-        raise _err(src, "ray.address", f"must be the Ray dashboard URL http(s)://HOST:PORT, e.g. http://10.0.0.1:8265 "
-                                       f"(got {address!r})")
-    slot = ray.get("slot_resource", DEFAULT_SLOT_RESOURCE)
-    if not isinstance(slot, str) or not _RESOURCE_RE.fullmatch(slot):
-        raise _err(src, "ray.slot_resource", f"must be a Ray custom resource name like {DEFAULT_SLOT_RESOURCE} "
-                                             f"(got {slot!r})")
-    for k in ("nodes", "gpus_per_node", "gpu_type"):
-        if k not in data:
-            raise _err(src, k, "missing")
-    nodes = _pos_int(src, "nodes", data["nodes"])
-    per = _pos_int(src, "gpus_per_node", data["gpus_per_node"])
-    gpu_type = _str(src, "gpu_type", data["gpu_type"])
     try:
-        parse_cluster(f"{nodes}x{per}x{gpu_type}")
-    except HardwareError as e:
-        raise _err(src, "gpu_type", str(e)) from None
-    nvlink = data.get("nvlink", "auto")
-    if not (nvlink == "auto" or (isinstance(nvlink, int) and not isinstance(nvlink, bool) and nvlink >= 0)):
-        raise _err(src, "nvlink", f"must be auto or the NVLink count, an integer >= 0 (got {nvlink!r})")
-    python = _str(src, "python", data.get("python", "python3"))
-    paths = data.get("paths")
-    if not isinstance(paths, dict):
-        raise _err(src, "paths", f"missing or not a mapping; it needs {', '.join(PATH_VARS)}")
-    _unknown(src, "paths.", paths, tuple(PATH_VARS) + _OPTIONAL_PATHS)
-    pv: dict[str, str | None] = {}
-    for k in PATH_VARS:
-        if k not in paths:
-            raise _err(src, f"paths.{k}", f"missing (without a cluster file it is ${PATH_VARS[k]})")
-        pv[k] = _literal(src, f"paths.{k}", _str(src, f"paths.{k}", paths[k]))
-    pv["attune"] = (_literal(src, "paths.attune", _str(src, "paths.attune", paths["attune"]))
-                    if paths.get("attune") is not None else None)
-    env = data.get("env") or {}
-    if not isinstance(env, dict):
-        raise _err(src, "env", "must be a mapping NAME: value")
-    env_out: dict[str, str] = {}
-    for k, v in env.items():
-        if not isinstance(k, str) or not _ENV_NAME_RE.fullmatch(k):
-            raise _err(src, f"env.{k}", "not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
-        if k in _RESERVED_ENV:
-            raise _err(src, f"env.{k}", f"set by attune's launch; not allowed here ({', '.join(_RESERVED_ENV)})")
-        if isinstance(v, bool):
-            v = "1" if v else "0"
-        if not isinstance(v, (str, int, float)):
-            raise _err(src, f"env.{k}", f"must be a string or number (got {type(v).__name__})")
-        if isinstance(v, float) and not math.isfinite(v):
-            raise _err(src, f"env.{k}", f"must be a finite number (got {v!r})")
-        env_out[k] = _literal(src, f"env.{k}", _str(src, f"env.{k}", str(v))) if str(v) != "" else ""
-    timeouts = data.get("timeouts") or {}
-    if not isinstance(timeouts, dict):
-        raise _err(src, "timeouts", f"must be a mapping with {', '.join(_TIMEOUT_KEYS)}")
-    _unknown(src, "timeouts.", timeouts, _TIMEOUT_KEYS)
+        f = ClusterFile.model_validate(data)
+    except ValidationError as e:
+        raise ClusterFileError(f"{src}: {one_line(e, ClusterFile)}") from None
+    t = f.timeouts or TimeoutsSection()
     return ClusterConfig(
-        source=src, address=address.strip().rstrip("/"), nodes=nodes, gpus_per_node=per, gpu_type=gpu_type,
-        paths=SlimePaths(**pv), nvlink=nvlink, python=python, env=env_out, slot_resource=slot,
-        trial_timeout_s=_pos_seconds(src, "timeouts.trial_s", timeouts.get("trial_s", DEFAULT_TRIAL_TIMEOUT_S)),
-        poll_s=_pos_seconds(src, "timeouts.poll_s", timeouts.get("poll_s", DEFAULT_POLL_S)),
-        stop_grace_s=_pos_seconds(src, "timeouts.stop_grace_s", timeouts.get("stop_grace_s", DEFAULT_STOP_GRACE_S)),
-    )
+        source=src, address=f.ray.address, nodes=f.nodes, gpus_per_node=f.gpus_per_node, gpu_type=f.gpu_type,
+        paths=SlimePaths(**f.paths.model_dump()), nvlink=f.nvlink, python=f.python, env=dict(f.env or {}),
+        slot_resource=f.ray.slot_resource, trial_timeout_s=t.trial_s, poll_s=t.poll_s, stop_grace_s=t.stop_grace_s)
 
 
 def load_cluster(path: str | Path) -> ClusterConfig:

@@ -160,3 +160,31 @@ def test_near_duplicates_of_a_measured_layout_are_not_proposed(tmp_path, monkeyp
     assert proposal() > sampler_module.NEAR_DUPLICATE
     monkeypatch.setattr(sampler_module, "NEAR_DUPLICATE", -1.0)  # without the rule: a neighbour of the optimum
     assert proposal() <= 1.0
+
+
+def test_the_near_duplicate_rule_keeps_structural_neighbours(tmp_path, monkeypatch):
+    """The near-duplicate rule drops the split / recompute neighbours of a measured layout, never the ones one
+    TP / PP / VPP / CP doubling, SP or tokens-per-microbatch doubling away: there the model's error is per knob
+    step, and the posterior decides."""
+    cfg = tune_config(**TARGET, out=tmp_path)
+    shipped = coefficients_for(cfg.cluster.gpu)
+    table = score_space(cfg.space, cfg.model, cfg.cluster, cfg.workload, cfg.engine, shipped)
+    ok = np.flatnonzero(table.host_fits & (table.peak_gib <= cfg.cluster.gpu.capacity_gib * 0.98)
+                        & np.isfinite(table.tokens))
+    top = ok[np.argmax(table.tokens[ok])]
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(optuna.trial.create_trial(
+        params=table.params[top], distributions={k: v for k, v in cfg.space.distributions().items()
+                                                 if k in table.params[top]},
+        value=float(table.tokens[top]), user_attrs={"role": "candidate", "layout": table.layouts[top].to_dict()}))
+
+    def candidates():
+        s = ModelGuidedSampler(table=table, shipped=shipped, capacity_gib=cfg.cluster.gpu.capacity_gib,
+                               recalibrate=False)
+        return s.assess(study).candidates
+
+    kept = candidates()
+    monkeypatch.setattr(sampler_module, "_STRUCTURE_BATCH", np.array([], dtype=int))  # every neighbour counts
+    assert candidates() < kept  # structural neighbours within one knob step were kept
+    monkeypatch.setattr(sampler_module, "NEAR_DUPLICATE", -1.0)  # no rule at all
+    assert candidates() > kept  # split / recompute neighbours were dropped

@@ -188,3 +188,19 @@ def test_the_near_duplicate_rule_keeps_structural_neighbours(tmp_path, monkeypat
     assert candidates() < kept  # structural neighbours within one knob step were kept
     monkeypatch.setattr(sampler_module, "NEAR_DUPLICATE", -1.0)  # no rule at all
     assert candidates() > kept  # split / recompute neighbours were dropped
+
+
+def test_the_claimed_regret_draws_correlated_layouts_jointly():
+    """Drawn with their posterior covariance, layouts sharing one error claim less than independent draws (the
+    largest of many independent draws overstates it); with a diagonal covariance the claim is the independent
+    one."""
+    n = 50
+    gap, spread = np.full(n, -0.02), np.full(n, 0.05)
+    p_fit, rows = np.ones(n), np.ones(n, dtype=bool)
+    independent = sampler_module.remaining_regret(gap, spread, p_fit, rows)
+    diagonal = sampler_module.remaining_regret(gap, spread, p_fit, rows, lambda r: np.diag(spread[r] ** 2))
+    shared = sampler_module.remaining_regret(gap, spread, p_fit, rows, lambda r: np.full((len(r), len(r)), 0.05 ** 2))
+    assert diagonal == pytest.approx(independent, rel=0.15)
+    assert shared < 0.5 * independent
+    # one shared N(0, 0.05) error on a -2% gap: E[max(exp(-0.02 + e) - 1, 0)], about 1.2%
+    assert 0.008 < shared < 0.016

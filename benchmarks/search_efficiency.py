@@ -377,6 +377,9 @@ def main(argv=None) -> int:
     ap.add_argument("--kind", choices=("structural", "coefficient"), default="structural",
                     help="structural worlds (issue 20) or coefficient-scaling worlds (issue 11)")
     ap.add_argument("--worlds", type=int, default=8, help="worlds per target")
+    ap.add_argument("--first-world", type=int, default=0,
+                    help="number of the first world per target (worlds are seeded by target and number: a held-out "
+                         "check runs numbers past those the default run reports)")
     ap.add_argument("--trials", type=int, default=10, help="measured trials per strategy and world")
     ap.add_argument("--jobs", type=int, default=default_workers(), help="worker processes (one world each)")
     ap.add_argument("--out", default=str(Path(__file__).parent))
@@ -389,7 +392,7 @@ def main(argv=None) -> int:
     load_targets(targets)
     results = {s: [] for s in strategies}
     claims = []
-    jobs = [(ti, w, a.trials) for ti in range(len(targets)) for w in range(a.worlds)]
+    jobs = [(ti, w, a.trials) for ti in range(len(targets)) for w in range(a.first_world, a.first_world + a.worlds)]
     fn = run_structural_world if structural else run_world
     with ProcessPoolExecutor(max_workers=max(1, a.jobs), mp_context=multiprocessing.get_context("fork")) as pool:
         for out in pool.map(fn, jobs):
@@ -419,8 +422,8 @@ def main(argv=None) -> int:
         print(f"\nstop rule: claimed remaining regret >= actual regret - 1% in {ok} of {len(claims)} worlds; "
               f"stopped by rule in {sum(1 for c in claims if c[3] == 'rule')}; trials used: median "
               f"{statistics.median(c[2] for c in claims):.0f}, max {max(c[2] for c in claims)}")
-    plot(results, Path(a.out) / ("search_efficiency_structural.png" if structural else "search_efficiency.png"),
-         a.trials)
+    name = "search_efficiency_structural" if structural else "search_efficiency"
+    plot(results, Path(a.out) / (name + (f"_from{a.first_world}" if a.first_world else "") + ".png"), a.trials)
     return 0
 
 

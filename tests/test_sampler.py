@@ -160,3 +160,47 @@ def test_near_duplicates_of_a_measured_layout_are_not_proposed(tmp_path, monkeyp
     assert proposal() > sampler_module.NEAR_DUPLICATE
     monkeypatch.setattr(sampler_module, "NEAR_DUPLICATE", -1.0)  # without the rule: a neighbour of the optimum
     assert proposal() <= 1.0
+
+
+def test_the_near_duplicate_rule_keeps_structural_neighbours(tmp_path, monkeypatch):
+    """The near-duplicate rule drops the split / recompute neighbours of a measured layout, never the ones one
+    TP / PP / VPP / CP doubling, SP or tokens-per-microbatch doubling away: there the model's error is per knob
+    step, and the posterior decides."""
+    cfg = tune_config(**TARGET, out=tmp_path)
+    shipped = coefficients_for(cfg.cluster.gpu)
+    table = score_space(cfg.space, cfg.model, cfg.cluster, cfg.workload, cfg.engine, shipped)
+    ok = np.flatnonzero(table.host_fits & (table.peak_gib <= cfg.cluster.gpu.capacity_gib * 0.98)
+                        & np.isfinite(table.tokens))
+    top = ok[np.argmax(table.tokens[ok])]
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(optuna.trial.create_trial(
+        params=table.params[top], distributions={k: v for k, v in cfg.space.distributions().items()
+                                                 if k in table.params[top]},
+        value=float(table.tokens[top]), user_attrs={"role": "candidate", "layout": table.layouts[top].to_dict()}))
+
+    def candidates():
+        s = ModelGuidedSampler(table=table, shipped=shipped, capacity_gib=cfg.cluster.gpu.capacity_gib,
+                               recalibrate=False)
+        return s.assess(study).candidates
+
+    kept = candidates()
+    monkeypatch.setattr(sampler_module, "_STRUCTURE_BATCH", np.array([], dtype=int))  # every neighbour counts
+    assert candidates() < kept  # structural neighbours within one knob step were kept
+    monkeypatch.setattr(sampler_module, "NEAR_DUPLICATE", -1.0)  # no rule at all
+    assert candidates() > kept  # split / recompute neighbours were dropped
+
+
+def test_the_claimed_regret_draws_correlated_layouts_jointly():
+    """Drawn with their posterior covariance, layouts sharing one error claim less than independent draws (the
+    largest of many independent draws overstates it); with a diagonal covariance the claim is the independent
+    one."""
+    n = 50
+    gap, spread = np.full(n, -0.02), np.full(n, 0.05)
+    p_fit, rows = np.ones(n), np.ones(n, dtype=bool)
+    independent = sampler_module.remaining_regret(gap, spread, p_fit, rows)
+    diagonal = sampler_module.remaining_regret(gap, spread, p_fit, rows, lambda r: np.diag(spread[r] ** 2))
+    shared = sampler_module.remaining_regret(gap, spread, p_fit, rows, lambda r: np.full((len(r), len(r)), 0.05 ** 2))
+    assert diagonal == pytest.approx(independent, rel=0.15)
+    assert shared < 0.5 * independent
+    # one shared N(0, 0.05) error on a -2% gap: E[max(exp(-0.02 + e) - 1, 0)], about 1.2%
+    assert 0.008 < shared < 0.016

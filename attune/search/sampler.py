@@ -17,7 +17,8 @@ not RUNNING, queued or already measured in the study (`busy_or_done_keys`) and p
 * acquisition: expected improvement over the best measured result, times the probability of fitting;
 * candidates: layouts predicted to fit (under the headroom until a measured peak or OOM calibrates the memory
   model, then under capacity with P(fit) pricing the risk), not measured or busy, and not a near-duplicate of
-  a measured layout (within NEAR_DUPLICATE knob steps) unless the recalibrated model predicts it better than
+  a measured layout of the same structure and batching (within NEAR_DUPLICATE knob steps: a split or recompute
+  neighbour) unless the recalibrated model predicts it better than
   that layout by more than min_gain.
 
 A runner that is not measured (`sim`: the model is the measurement) has no spread: the sampler proposes the
@@ -43,7 +44,7 @@ from attune.estimator.coefficients import Coefficients
 from attune.search import edge as edge_module
 from attune.search.recalibrate import POSITIONS, THROUGHPUT_NOISE, Calibration, Measurement, recalibrate
 from attune.search.scoring import ScoredSpace
-from attune.search.space import layout_features, layout_from_dict, layout_key, params_key
+from attune.search.space import FEATURES, layout_features, layout_from_dict, layout_key, params_key
 from attune.spec.layout import Layout
 
 # prior spread of the recalibrated model's log throughput error away from measured layouts (10%: the seed
@@ -59,8 +60,13 @@ KERNEL_LENGTH = 2.0
 KNOB_EFFECT_SD = 0.03
 LEVEL_SD = 0.05
 # knob distance within which an unmeasured layout is a near-duplicate of a measured one (one knob step: a
-# layer split shifted by up to 4 layers in all, a few recomputed layers, one doubling of the microbatch)
+# layer split shifted by up to 4 layers in all, a few recomputed layers). Only layouts of the same structure and
+# batching count (`_STRUCTURE_BATCH`): a TP / PP / VPP / CP / EP doubling, SP, the dispatcher or a doubling of
+# the tokens per microbatch changes the schedule, whose modelled cost is off by KNOB_EFFECT_SD per step (more
+# than what separates split / recompute neighbours), so a measured layout says little about such a neighbour and
+# the posterior (not a distance cut) decides whether it is worth a trial
 NEAR_DUPLICATE = 1.0
+_STRUCTURE_BATCH = np.array(edge_module.STRUCTURE + (FEATURES.index("log2_tokens"),))
 # spread of the recalibrated memory prediction, GiB (allocator fragmentation between runs)
 MEMORY_SPREAD_GIB = 1.0
 # layouts re-estimated exactly after a recalibration (the best by the linearised rescoring)
@@ -73,11 +79,14 @@ _LIVE = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
 REGRET_TOP, REGRET_DRAWS = 256, 400
 
 
-def remaining_regret(gap: np.ndarray, spread: np.ndarray, p_fit: np.ndarray, rows: np.ndarray) -> float:
+def remaining_regret(gap: np.ndarray, spread: np.ndarray, p_fit: np.ndarray, rows: np.ndarray,
+                     cov: Callable[[np.ndarray], np.ndarray] | None = None) -> float:
     """Expected largest improvement over the best measured among `rows` (a bool mask), a fraction: each layout
-    improves by exp(gap + spread x N(0, 1)) - 1 if it fits (probability p_fit), draws independent. Independent
-    draws overstate the largest of correlated layouts, so the claim errs high; the REGRET_TOP layouts with the
-    highest gap + 3 spread carry it (the rest cannot change it by more than their tiny tail)."""
+    improves by exp(gap + error) - 1 if it fits (probability p_fit, independent). The errors are drawn jointly
+    from the posterior covariance `cov(rows)` when given (layouts a few knob steps apart share their error: the
+    GP's linear, level and local terms), else independent N(0, spread) (which overstates the largest of
+    correlated layouts, so that claim errs high); the REGRET_TOP layouts with the highest gap + 3 spread carry it
+    (the rest cannot change it by more than their tiny tail)."""
     idx = np.flatnonzero(rows & np.isfinite(gap))
     if not len(idx):
         return 0.0
@@ -85,6 +94,11 @@ def remaining_regret(gap: np.ndarray, spread: np.ndarray, p_fit: np.ndarray, row
     idx = idx[np.argsort(-ucb)[:REGRET_TOP]]
     rng = np.random.default_rng(0)
     z = rng.standard_normal((REGRET_DRAWS, len(idx)))
+    if cov is not None:
+        c = cov(idx)
+        w, v = np.linalg.eigh((c + c.T) / 2)
+        e = z @ (v * np.sqrt(np.maximum(w, 0.0))).T  # joint draws of the errors, N(0, c)
+        z = np.where(spread[idx] > 0, e / np.maximum(spread[idx], 1e-12), 0.0)
     fit = rng.random((REGRET_DRAWS, len(idx))) < p_fit[idx]
     imp = np.where(fit, np.expm1(gap[idx] + spread[idx] * z), 0.0)
     return float(np.mean(np.maximum(imp.max(axis=1), 0.0)))
@@ -314,7 +328,8 @@ class ModelGuidedSampler(BaseSampler):
             for _, m in ok:
                 r0 = t.row(layout_key(m.layout, L))
                 ref = mu_model[r0] if r0 is not None and np.isfinite(mu_model[r0]) else -np.inf
-                near = np.abs(t.features - layout_features(m.layout, L)).sum(1) <= NEAR_DUPLICATE
+                x = layout_features(m.layout, L)
+                near = (np.abs(t.features - x).sum(1) <= NEAR_DUPLICATE) & self._same_structure(x)
                 avail &= ~(near & (mu_model - ref <= gain))
         y = math.log(best) if best is not None else -math.inf
         edge = None if self.exact else self._edge_step(meas, ok, best, mu, pos, p_fit, unmeasured, L)
@@ -334,7 +349,7 @@ class ModelGuidedSampler(BaseSampler):
             ei, pi = np.where(avail, ei, -np.inf), np.where(avail, pi, 0.0)
             p_imp = float(pi.max()) if avail.any() else 0.0
             gain = float(max(ei.max(), 0.0)) if avail.any() else 0.0
-            claim = remaining_regret(gap, spread, p_fit, unmeasured)
+            claim = remaining_regret(gap, spread, p_fit, unmeasured, None if self.exact else self._joint_cov)
             # ties (no spread, nothing better predicted): the best predicted candidate
             acq = ei + 1e-9 * np.where(avail, mu - y, 0.0)
         cand = int(np.argmax(acq)) if avail.any() else None
@@ -348,6 +363,12 @@ class ModelGuidedSampler(BaseSampler):
                                       peak_gib=peak, p_fit=p_fit, remaining_regret=claim, edge_step=edge,
                                       oom_neighbour=guard)
         return self._assessment
+
+    def _same_structure(self, x: np.ndarray) -> np.ndarray:
+        """Rows with the same structure and batching as features `x` (TP, SP, PP, VPP, CP, offload, EP, ETP,
+        dispatcher and tokens per microbatch: they differ at most in the split and the recompute)."""
+        F = self.table.features
+        return np.all(F[:, _STRUCTURE_BATCH] == x[_STRUCTURE_BATCH], axis=1)
 
     def _edge_step(self, meas, ok, best, mu, pos, p_fit, unmeasured, L) -> dict | None:
         """The edge step after the latest measurement (attune.search.edge), or None: after a real OOM the
@@ -422,10 +443,22 @@ class ModelGuidedSampler(BaseSampler):
         for j in range(len(r)):
             Ks[:, j] += s2 * np.exp(-np.abs(self.table.features - X[j]).sum(1) / KERNEL_LENGTH)
         Kinv = np.linalg.inv(K)
+        self._gp = (X, x0, s2, Kinv)
         mean = mu + Ks @ (Kinv @ r)
         prior = s2 + lin * np.einsum("ij,ij->i", Fc, Fc) + lvl
         var = prior - np.einsum("ij,jk,ik->i", Ks, Kinv, Ks)
         return mean, np.sqrt(np.maximum(var, 1e-10))
+
+    def _joint_cov(self, rows: np.ndarray) -> np.ndarray:
+        """Posterior covariance of the residual GP (`_posterior`, the latest fit) among `rows` of the table."""
+        X, x0, s2, Kinv = self._gp
+        F = self.table.features[rows]
+        Fc, Xc = F - x0, X - x0
+        lin, lvl = KNOB_EFFECT_SD ** 2, LEVEL_SD ** 2
+        prior = (s2 * np.exp(-np.abs(F[:, None, :] - F[None, :, :]).sum(-1) / KERNEL_LENGTH)
+                 + lin * (Fc @ Fc.T) + lvl)
+        Ks = s2 * np.exp(-np.abs(F[:, None, :] - X[None, :, :]).sum(-1) / KERNEL_LENGTH) + lin * (Fc @ Xc.T) + lvl
+        return prior - Ks @ Kinv @ Ks.T
 
     def propose(self, study: optuna.Study) -> int | None:
         """Row of the best candidate the runner accepts (refused rows are never proposed again)."""

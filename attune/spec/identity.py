@@ -71,4 +71,4 @@ def layout_key(layout: dict | Layout, num_layers: int) -> tuple:
         # low precision (issue 22): the recipe only where a format is set, as the flags say
         fp8_format=lay.fp8_format, fp8_recipe=lay.fp8_recipe if lay.fp8_format else None,
         fp8_param_gather=bool(lay.fp8_param_gather), fp4_format=lay.fp4_format)
-    return tuple(sorted(k.items()))
+    return tuple(k.items())  # the fields in their fixed order above: deterministic, and no sort per layout

@@ -251,6 +251,14 @@ def fit(corpus: Corpus, start: CoefficientSet | None = None, params: Sequence[Fi
         raise FitError("no coefficient declares bounds in its metadata: nothing to fit")
     if moe:
         rows = by_model(rows)
+    return solve(rows, params, start, max_evaluations)
+
+
+def solve(rows: Sequence[CorpusRow], params: Sequence[FitParam], start: CoefficientSet,
+          max_evaluations: int) -> FitResult:
+    """The one bounded least-squares fit of every stage (dense, MoE, low precision): ``params`` over ``start``
+    against ``rows``' log residuals, each series weighing 1, with a small prior towards the starting values."""
+    params = list(params)
     w = _weights(rows)
     x0 = np.array([p.start for p in params])
     lo = np.array([p.lo for p in params])

@@ -14,15 +14,10 @@ The report scores the low-precision rows per class apart from bf16 (``attune.cal
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-from scipy.optimize import least_squares
-
-from attune.calibrate.fit import (GENERATIONS, PRIOR_WEIGHT, CoefficientSet, FitError, FitParam, FitResult, _weights,
-                                  apply, fit_all, row_residuals)
+from attune.calibrate.fit import GENERATIONS, CoefficientSet, FitError, FitParam, FitResult, fit_all, solve
 from attune.calibrate.report import Prediction, predict_row, scores
 from attune.calibrate.rows import Corpus, CorpusRow
 from attune.estimator.coefficients import Coefficients
@@ -75,28 +70,7 @@ def fit_precision(corpus: Corpus, start: CoefficientSet, rows: Sequence[CorpusRo
     params = precision_params(Corpus(rows=tuple(rows), directory=corpus.directory), start)
     if not params:
         raise FitError("no low-precision coefficient declares bounds: nothing to fit")
-    w = _weights(rows)
-    x0 = np.array([p.start for p in params])
-    lo, hi = np.array([p.lo for p in params]), np.array([p.hi for p in params])
-    width = hi - lo
-
-    def residuals(x: np.ndarray) -> np.ndarray:
-        cs = apply(x, params, start)
-        res: list[float] = []
-        for r in rows:
-            res.extend(row_residuals(predict_row(r, cs.for_row(r)), w))
-        res.extend(math.sqrt(PRIOR_WEIGHT) * (x - x0) / width)
-        return np.asarray(res)
-
-    r0 = residuals(x0)
-    sol = least_squares(residuals, x0, bounds=(lo, hi), method="trf", x_scale=width, diff_step=1e-4,
-                        ftol=1e-12, xtol=1e-10, gtol=1e-12, max_nfev=max_evaluations)
-    cs = apply(sol.x, params, start)
-    preds = [predict_row(r, cs.for_row(r)) for r in rows]
-    return FitResult(params=tuple(params), values=tuple(float(v) for v in sol.x), coefficients=cs,
-                     rows=tuple(r.id for r in rows), series=tuple(dict.fromkeys(r.series for r in rows)),
-                     scores=tuple(scores(preds)), cost=float(sol.cost), start_cost=0.5 * float(r0 @ r0),
-                     message=str(sol.message), evaluations=int(sol.nfev))
+    return solve(rows, params, start, max_evaluations)
 
 
 def merge(base: FitResult, lp: FitResult, corpus: Corpus) -> FitResult:

@@ -26,6 +26,20 @@ def silu_only(cfg: dict, where: str) -> None:
         raise ModelError(f"{where}: hidden_act '{act}' is not supported; allowed: silu (SwiGLU)")
 
 
+def dense_geometry(cfg: dict, where: str) -> dict:
+    """The decoder geometry a Llama-style config states (SwiGLU only): layers, hidden, FFN, heads, KV heads,
+    head dim, vocabulary, tied embeddings, positions, rope base, norm epsilon and the QKV bias; a family adds or
+    overrides what its own config says."""
+    silu_only(cfg, where)
+    h, heads = int(need(cfg, "hidden_size", where)), int(need(cfg, "num_attention_heads", where))
+    return dict(num_layers=int(need(cfg, "num_hidden_layers", where)), hidden=h,
+                ffn=int(need(cfg, "intermediate_size", where)), heads=heads,
+                kv_heads=int(cfg.get("num_key_value_heads") or heads), head_dim=int(cfg.get("head_dim") or h // heads),
+                vocab=int(need(cfg, "vocab_size", where)), tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                max_positions=int(cfg.get("max_position_embeddings") or 32768), rope_theta=rope_theta(cfg),
+                norm_eps=float(cfg.get("rms_norm_eps", 1e-5)), attn_bias=bool(cfg.get("attention_bias", True)))
+
+
 def num(x: float | int) -> str:
     """A flag value as slime's scripts write it: 1000000.0 -> 1000000, 1e-06 -> 1e-6, 2.5 -> 2.5."""
     if float(x) == int(x) and abs(x) < 1e15:

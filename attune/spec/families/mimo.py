@@ -12,21 +12,13 @@ slime's MODEL_ARGS: scripts/models/mimo-7B-rl.sh at 624b824a, in its order, less
 from __future__ import annotations
 
 from attune.spec.family_registry import Family, register
-from attune.spec.families._hf import need, num, rope_theta, silu_only
+from attune.spec.families._hf import dense_geometry, num
 
 NAME = "mimo"
 
 
 def read(cfg: dict, where: str) -> dict:
-    silu_only(cfg, where)
-    h, heads = int(need(cfg, "hidden_size", where)), int(need(cfg, "num_attention_heads", where))
-    return dict(num_layers=int(need(cfg, "num_hidden_layers", where)), hidden=h,
-                ffn=int(need(cfg, "intermediate_size", where)), heads=heads,
-                kv_heads=int(cfg.get("num_key_value_heads") or heads), head_dim=int(cfg.get("head_dim") or h // heads),
-                vocab=int(need(cfg, "vocab_size", where)), tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                max_positions=int(cfg.get("max_position_embeddings") or 32768), rope_theta=rope_theta(cfg),
-                norm_eps=float(cfg.get("rms_norm_eps", 1e-5)), attn_bias=bool(cfg.get("attention_bias", True)),
-                mtp_layers=int(cfg.get("num_nextn_predict_layers") or 0))
+    return dict(dense_geometry(cfg, where), mtp_layers=int(cfg.get("num_nextn_predict_layers") or 0))
 
 
 def model_args(m) -> list[str]:

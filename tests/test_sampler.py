@@ -137,9 +137,9 @@ def test_measured_peaks_of_a_two_stage_layout_set_the_middle_stages_offset_too(t
     assert cal.memory_spread_gib["first"] < cal.memory_spread_gib["middle"]
 
 
-def test_near_duplicates_of_a_measured_layout_are_not_proposed(tmp_path, monkeypatch):
-    """After the model's optimum is measured exactly as predicted, the next proposal is more than one knob step
-    away from it (its split / recompute neighbours are not predicted better by more than min_gain)."""
+def _optimum_measured(tmp_path):
+    """The main target's scored space and a study in which the model's optimum was measured exactly as predicted:
+    (config, shipped coefficients, table, the optimum's row, study)."""
     cfg = tune_config(**TARGET, out=tmp_path)
     shipped = coefficients_for(cfg.cluster.gpu)
     table = score_space(cfg.space, cfg.model, cfg.cluster, cfg.workload, cfg.engine, shipped)
@@ -151,6 +151,13 @@ def test_near_duplicates_of_a_measured_layout_are_not_proposed(tmp_path, monkeyp
         params=table.params[top], distributions={k: v for k, v in cfg.space.distributions().items()
                                                  if k in table.params[top]},
         value=float(table.tokens[top]), user_attrs={"role": "candidate", "layout": table.layouts[top].to_dict()}))
+    return cfg, shipped, table, top, study
+
+
+def test_near_duplicates_of_a_measured_layout_are_not_proposed(tmp_path, monkeypatch):
+    """After the model's optimum is measured exactly as predicted, the next proposal is more than one knob step
+    away from it (its split / recompute neighbours are not predicted better by more than min_gain)."""
+    cfg, shipped, table, top, study = _optimum_measured(tmp_path)
 
     def proposal():
         s = ModelGuidedSampler(table=table, shipped=shipped, capacity_gib=cfg.cluster.gpu.capacity_gib,
@@ -166,17 +173,7 @@ def test_the_near_duplicate_rule_keeps_structural_neighbours(tmp_path, monkeypat
     """The near-duplicate rule drops the split / recompute neighbours of a measured layout, never the ones one
     TP / PP / VPP / CP doubling, SP or tokens-per-microbatch doubling away: there the model's error is per knob
     step, and the posterior decides."""
-    cfg = tune_config(**TARGET, out=tmp_path)
-    shipped = coefficients_for(cfg.cluster.gpu)
-    table = score_space(cfg.space, cfg.model, cfg.cluster, cfg.workload, cfg.engine, shipped)
-    ok = np.flatnonzero(table.host_fits & (table.peak_gib <= cfg.cluster.gpu.capacity_gib * 0.98)
-                        & np.isfinite(table.tokens))
-    top = ok[np.argmax(table.tokens[ok])]
-    study = optuna.create_study(direction="maximize")
-    study.add_trial(optuna.trial.create_trial(
-        params=table.params[top], distributions={k: v for k, v in cfg.space.distributions().items()
-                                                 if k in table.params[top]},
-        value=float(table.tokens[top]), user_attrs={"role": "candidate", "layout": table.layouts[top].to_dict()}))
+    cfg, shipped, table, top, study = _optimum_measured(tmp_path)
 
     def candidates():
         s = ModelGuidedSampler(table=table, shipped=shipped, capacity_gib=cfg.cluster.gpu.capacity_gib,

@@ -73,3 +73,19 @@ def slime_layer_freq(moe: MoESpec, layers: int) -> str:
     if moe.pattern and moe.pattern != (0,) * dense + (1,) * (layers - dense):
         raise ModelError(f"MoE pattern {moe.pattern} is not dense-first; slime's scripts write [0]*N+[1]*M only")
     return f"[0]*{dense}+[1]*{layers - dense}" if dense else f"[1]*{layers}"
+
+
+def glm_moe_router_args(m) -> list[str]:
+    """The MoE block of slime's GLM-4.7-Flash and GLM-5 MODEL_ARGS, in their order (scripts/models/glm4.7-30B-A3B.sh
+    and glm5-744B-A40B.sh at 624b824a): layer pattern, experts, shared expert, top-k with the sigmoid pre-softmax
+    router and its frozen expert bias, sequence aux loss, scaling, no aux loss coefficient, fp32 router."""
+    moe = m.moe
+    a = ["--moe-layer-freq", slime_layer_freq(moe, m.num_layers), "--num-experts", str(moe.experts)]
+    if moe.shared_ffn:
+        a += ["--moe-shared-expert-intermediate-size", str(moe.shared_ffn)]
+    a += ["--moe-router-topk", str(moe.top_k), "--moe-ffn-hidden-size", str(moe.expert_ffn),
+          "--moe-router-score-function", moe.score, "--moe-router-pre-softmax", "--moe-router-enable-expert-bias",
+          "--moe-router-bias-update-rate", "0", "--moe-router-load-balancing-type", "seq_aux_loss"]
+    if moe.topk_scaling and moe.topk_scaling != 1.0:
+        a += ["--moe-router-topk-scaling-factor", num(moe.topk_scaling)]
+    return a + ["--moe-aux-loss-coeff", "0", "--moe-router-dtype", "fp32"]

@@ -14,7 +14,7 @@ slime's MODEL_ARGS: scripts/models/glm4.7-30B-A3B.sh at 624b824a, in its order (
 from __future__ import annotations
 
 from attune.spec.family_registry import Family, register
-from attune.spec.families._hf import deepseek_style_moe, need, num, rope_theta, silu_only, slime_layer_freq
+from attune.spec.families._hf import deepseek_style_moe, glm_moe_router_args, need, num, rope_theta, silu_only
 from attune.spec.mla import mla_from_hf
 
 NAME = "glm4_moe_lite"
@@ -35,15 +35,8 @@ def read(cfg: dict, where: str) -> dict:
 
 def model_args(m) -> list[str]:
     moe, mla = m.moe, m.mla
-    a = ["--moe-layer-freq", slime_layer_freq(moe, m.num_layers), "--num-experts", str(moe.experts)]
-    if moe.shared_ffn:
-        a += ["--moe-shared-expert-intermediate-size", str(moe.shared_ffn)]
-    a += ["--moe-router-topk", str(moe.top_k), "--moe-ffn-hidden-size", str(moe.expert_ffn),
-          "--moe-router-score-function", moe.score, "--moe-router-pre-softmax", "--moe-router-enable-expert-bias",
-          "--moe-router-bias-update-rate", "0", "--moe-router-load-balancing-type", "seq_aux_loss"]
-    if moe.topk_scaling and moe.topk_scaling != 1.0:
-        a += ["--moe-router-topk-scaling-factor", num(moe.topk_scaling)]
-    a += ["--moe-aux-loss-coeff", "0", "--moe-router-dtype", "fp32", "--make-vocab-size-divisible-by", "64",
+    a = glm_moe_router_args(m)
+    a += ["--make-vocab-size-divisible-by", "64",
           "--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden), "--ffn-hidden-size", str(moe.dense_ffn),
           "--num-attention-heads", str(m.heads), "--disable-bias-linear", "--add-qkv-bias", "--swiglu"]
     if not m.tied_embeddings:

@@ -28,7 +28,7 @@ from dataclasses import replace
 from attune.errors import ModelError
 from attune.spec.family_registry import Family, register
 from attune.spec.families import glm4_moe_lite
-from attune.spec.families._hf import need, num, slime_layer_freq
+from attune.spec.families._hf import glm_moe_router_args, need, num
 
 NAME = "glm_moe_dsa"
 
@@ -46,16 +46,8 @@ def read(cfg: dict, where: str) -> dict:
 
 def model_args(m) -> list[str]:
     moe, mla = m.moe, m.mla
-    a = ["--spec", "slime_plugins.models.glm5.glm5", "get_glm5_spec",
-         "--moe-layer-freq", slime_layer_freq(moe, m.num_layers), "--num-experts", str(moe.experts)]
-    if moe.shared_ffn:
-        a += ["--moe-shared-expert-intermediate-size", str(moe.shared_ffn)]
-    a += ["--moe-router-topk", str(moe.top_k), "--moe-ffn-hidden-size", str(moe.expert_ffn),
-          "--moe-router-score-function", moe.score, "--moe-router-pre-softmax", "--moe-router-enable-expert-bias",
-          "--moe-router-bias-update-rate", "0", "--moe-router-load-balancing-type", "seq_aux_loss"]
-    if moe.topk_scaling and moe.topk_scaling != 1.0:
-        a += ["--moe-router-topk-scaling-factor", num(moe.topk_scaling)]
-    a += ["--moe-aux-loss-coeff", "0", "--moe-router-dtype", "fp32", "--make-vocab-size-divisible-by", "16",
+    a = ["--spec", "slime_plugins.models.glm5.glm5", "get_glm5_spec", *glm_moe_router_args(m)]
+    a += ["--make-vocab-size-divisible-by", "16",
           "--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden), "--ffn-hidden-size", str(moe.dense_ffn),
           "--num-attention-heads", str(m.heads), "--disable-bias-linear", "--swiglu"]
     if not m.tied_embeddings:

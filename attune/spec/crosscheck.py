@@ -38,8 +38,8 @@ def megatron_param_count(model: ModelSpec) -> int:
         from megatron.core.transformer.transformer_config import TransformerConfig
     except ImportError as e:
         raise CrossCheckError(f"the cross-check needs the optional extra: pip install 'attune[megatron]' ({e.name})") from None
-    if model.family == "qwen3_5":
-        raise CrossCheckError("megatron-core's Gated DeltaNet spec needs Transformer Engine; not cross-checked on CPU")
+    if model.traits.crosscheck_refusal:
+        raise CrossCheckError(model.traits.crosscheck_refusal)
     if model.moe is not None and (model.mla is not None or model.moe.expert_bias or model.moe.shared_gate
                                   or model.window_layers):
         raise CrossCheckError(f"{model.name}: the MoE cross-check builds GQA models with ungated shared experts "

@@ -1,28 +1,15 @@
 """Model architectures read from a Hugging Face ``config.json``, and their exact parameter counts.
 
-Four families are understood:
+Every family is a plug-in (``attune.spec.families``, one module each, registered in
+``attune.spec.family_registry``): it reads its Hugging Face ``model_type`` values into the fields below and
+declares its layout rules, slime model arguments and builder traits; ``ModelSpec.traits`` is the model's family.
+This module counts the parameters of whatever the family read and never compares the family's name.
 
-* ``llama`` (llama, mistral, qwen2, qwen3): GQA, SwiGLU, RMSNorm, rotary positions.
-* ``qwen3_5`` (qwen3_5, qwen3_5_text, qwen3_next dense): Gated DeltaNet ("linear attention") layers with
-  every ``full_attention_interval``-th layer a gated full-attention layer. Text model only.
-* ``gpt2``: LayerNorm, GeLU MLP of ``n_inner``, MHA with biases, learned positions (GPT-2, GPT-3 style;
-  BLOOM-style ALiBi through ``from_geometry``).
-* ``nemotron`` (Hugging Face ``model_type: nemotron``, NeMo ``Nemotron4Config``): squared-ReLU MLP
-  without gating (``hidden_act: relu2``), LayerNorm1p (LayerNorm with zero-centred gamma: the same two
-  vectors per norm as LayerNorm), GQA, rotary on part of the head, no biases, untied output layer.
-
-Mixture-of-experts configs (``qwen3_moe``, ``qwen3_next``, ``qwen3_5_moe``, ``mixtral``) build one of the
-families above with ``moe`` set (``attune.spec.moe.MoESpec``): ``ffn`` is then the shared expert's width (0
-for none) and each MoE layer's routed experts are ``LayerParams.expert_matrix``; the dense layers of an MoE
-model (``MoESpec.pattern``) have a SwiGLU MLP of ``MoESpec.dense_ffn``. Two more MoE families have their own
-``family``:
-
-* ``deepseek_v3`` (DeepSeek-V3, Kimi K2 ``kimi_k2``): multi-head latent attention (``mla``,
-  ``attune.spec.mla``), ``first_k_dense_replace`` dense first layers, ungated shared experts, and
-  ``num_nextn_predict_layers`` multi-token-prediction modules (``mtp_layers``: counted in ``total_params``,
-  ``mtp_params``; Megatron ``--mtp-num-layers``).
-* ``gpt_oss`` (GPT-OSS-120B / -20B): GQA with q/k/v/o biases and learned per-head attention sinks,
-  alternating sliding-window (``window``) and full layers, experts and router with biases.
+Mixture-of-experts models have ``moe`` set (``attune.spec.moe.MoESpec``): ``ffn`` is then the shared expert's
+width (0 for none) and each MoE layer's routed experts are ``LayerParams.expert_matrix``; the dense layers of an
+MoE model (``MoESpec.pattern``) have a SwiGLU MLP of ``MoESpec.dense_ffn``. Multi-head latent attention is ``mla``
+(``attune.spec.mla``); ``mtp_layers`` multi-token-prediction modules are counted in ``total_params``
+(``mtp_params``; Megatron ``--mtp-num-layers``).
 
 Layer kinds (the keys of ``attune.estimator.costs.layer_costs``): the mixer, ``FULL`` (softmax or latent
 attention over the whole causal context), ``SLIDING`` (softmax attention over a window) or ``LINEAR`` (Gated
@@ -45,9 +32,10 @@ from attune.errors import ModelError
 from attune.spec.hfconfig import check_hf_config
 from attune.spec.textio import read_text
 from attune.spec import families  # noqa: F401 - registers the plug-in families (attune.spec.families)
-from attune.spec.family_registry import by_hf_type
-from attune.spec.mla import MLASpec, mla_from_hf
-from attune.spec.moe import HF_MOE_TYPES, MoESpec, moe_from_hf
+from attune.spec.family_registry import Family, by_hf_type, for_mlp, get as get_family, hf_types, moe_hf_types
+from attune.spec.layer_kinds import DENSE, FULL, LINEAR, SLIDING, is_dense_kind, mixer_of
+from attune.spec.mla import MLASpec
+from attune.spec.moe import MoESpec
 
 import json
 from dataclasses import dataclass, field
@@ -58,31 +46,12 @@ from pathlib import Path
 
 
 
-LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-HYBRID_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_next")
-GPT2_TYPES = ("gpt2",)
-NEMOTRON_TYPES = ("nemotron",)
+__all__ = ["DENSE", "FULL", "LINEAR", "SLIDING", "is_dense_kind", "mixer_of", "LayerParams", "ModelSpec",
+           "from_hf_config", "from_geometry", "load_model", "bundled_names"]
+
 MLPS = ("swiglu", "gelu", "squared_relu")
 NORMS = ("rmsnorm", "layernorm", "layernorm1p")
 POSITIONS = ("rope", "learned", "alibi")
-
-FULL = "full"  # softmax attention layer
-LINEAR = "linear"  # Gated DeltaNet layer
-SLIDING = "sliding"  # softmax attention over a sliding window (GPT-OSS); a FULL layer for ``layer_type``
-DENSE = "+dense"  # suffix of the layer kinds whose MLP is dense in an MoE model (DeepSeek-V3's first layers)
-DEEPSEEK_TYPES = ("deepseek_v3", "kimi_k2")
-GPT_OSS_TYPES = ("gpt_oss",)
-
-
-def mixer_of(kind: str) -> str:
-    """The mixer of a layer kind as FULL or LINEAR (sliding-window attention is softmax attention)."""
-    base = kind[: -len(DENSE)] if kind.endswith(DENSE) else kind
-    return LINEAR if base == LINEAR else FULL
-
-
-def is_dense_kind(kind: str) -> bool:
-    """Whether a layer kind is a dense-MLP layer of an MoE model."""
-    return kind.endswith(DENSE)
 
 
 @dataclass(frozen=True)
@@ -109,7 +78,7 @@ class LayerParams:
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    family: str  # llama | qwen3_5 | gpt2 | nemotron | deepseek_v3 | gpt_oss
+    family: str  # a registered family (attune.spec.families): ``traits``
     model_type: str
     num_layers: int
     hidden: int
@@ -150,6 +119,7 @@ class ModelSpec:
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
+        get_family(self.family)  # a one-line ModelError for a family no plug-in registers
         if self.mlp not in MLPS:
             raise ModelError(f"{self.name}: mlp '{self.mlp}' is not modelled; allowed: {', '.join(MLPS)}")
         if self.norm not in NORMS:
@@ -171,6 +141,11 @@ class ModelSpec:
                              f"window >= 1 (got {len(self.window_layers)} flags, window {self.window})")
         if self.mtp_layers < 0:
             raise ModelError(f"{self.name}: mtp_layers must be >= 0 (got {self.mtp_layers})")
+
+    @property
+    def traits(self) -> Family:
+        """The model's family (``attune.spec.family_registry.Family``): its rules, launch and builder traits."""
+        return get_family(self.family)
 
     # ------------------------------------------------------------------ geometry
     @property
@@ -281,7 +256,7 @@ class ModelSpec:
         vec = 0
         if self.qk_norm:
             vec += self.q_dim + self.kv_dim if self.qk_norm_full else 2 * self.head_dim
-        if self.attn_bias and (self.family == "gpt2" or self.attn_out_bias):
+        if self.attn_bias and (self.traits.linear_biases or self.attn_out_bias):
             vec += q_out + 2 * self.kv_dim + h
         elif self.attn_bias:
             vec += q_out + 2 * self.kv_dim
@@ -306,7 +281,7 @@ class ModelSpec:
         mixer, rep, vec = self._gdn_params() if lin else self._attention_params()
         dense = is_dense_kind(kind) or self.moe is None
         experts = (0, 0) if dense else (self.moe.routed_params(self.hidden), self.moe.active_routed_params(self.hidden))
-        mlp_vec = 0 if lin and self.family == "gpt2" else self.mlp_vectors(kind)
+        mlp_vec = 0 if lin and self.traits.linear_biases else self.mlp_vectors(kind)
         return LayerParams(mixer, self.mlp_params(kind), vec + mlp_vec + self.layer_norm_vectors(),
                            *experts, mixer_replicated=rep)
 
@@ -341,8 +316,8 @@ class ModelSpec:
         return dense
 
     def mlp_vectors(self, kind: str = FULL) -> int:
-        if self.family == "gpt2":
-            return self.ffn + self.hidden  # c_fc and c_proj biases
+        if self.traits.linear_biases:
+            return self.ffn + self.hidden  # c_fc and c_proj biases (GPT-2)
         if self.moe is not None and not is_dense_kind(kind):
             return self.moe.router_vectors()
         return 0
@@ -433,12 +408,6 @@ class ModelSpec:
 
 
 # ---------------------------------------------------------------------- reading configs
-def _need(cfg: dict, key: str, where: str):
-    if key not in cfg or cfg[key] is None:
-        raise ModelError(f"{where}: config is missing the field '{key}'")
-    return cfg[key]
-
-
 def from_hf_config(cfg: dict, name: str = "model", where: str | None = None) -> ModelSpec:
     """Build a ModelSpec from a parsed Hugging Face config.json."""
     where = where or name
@@ -453,147 +422,16 @@ def from_hf_config(cfg: dict, name: str = "model", where: str | None = None) -> 
     mt = cfg.get("model_type") or outer_type
     if mt is None:
         raise ModelError(f"{where}: config is missing the field 'model_type'")
-    plugin = by_hf_type(mt)  # a family plug-in (attune.spec.families) reads its own configs
-    if plugin is not None:
-        return ModelSpec(name=name, family=plugin.name, model_type=mt, source=src, **plugin.read(cfg, where))
-    n_experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0
-    moe = None
-    hf_type = mt
-    if n_experts and n_experts > 1:
-        family = HF_MOE_TYPES.get(mt)
-        if family is None:
-            raise ModelError(f"{where}: mixture-of-experts model_type '{mt}' is not modelled; allowed: "
-                             f"{', '.join(sorted(HF_MOE_TYPES))}")
-        moe = moe_from_hf(cfg, family, where)
-        if family in ("deepseek_v3", "gpt_oss"):
-            return _deepseek_v3(cfg, mt, moe, name, where, src) if family == "deepseek_v3" else \
-                _gpt_oss(cfg, mt, moe, name, where, src)
-        # the dense-MLP width is the shared expert's (0: none); the routed experts live in ``moe``
-        cfg = {**cfg, "intermediate_size": moe.shared_ffn}
-        hf_type, mt = mt, {"qwen3_moe": "qwen3", "mixtral": "mistral"}.get(family, "qwen3_next")
-    if mt in GPT2_TYPES:
-        h = _need(cfg, "n_embd", where)
-        heads = _need(cfg, "n_head", where)
-        return ModelSpec(
-            name=name, family="gpt2", model_type=mt, num_layers=_need(cfg, "n_layer", where), hidden=h,
-            ffn=cfg.get("n_inner") or 4 * h, heads=heads, kv_heads=heads, head_dim=h // heads,
-            vocab=_need(cfg, "vocab_size", where), tied_embeddings=cfg.get("tie_word_embeddings", True),
-            norm="layernorm", mlp="gelu", positions="learned", max_positions=_need(cfg, "n_positions", where),
-            norm_eps=cfg.get("layer_norm_epsilon", 1e-5), attn_bias=True, source=src,
-        )
-    if mt in NEMOTRON_TYPES:
-        # transformers NemotronConfig: relu2 MLP (up_proj, down_proj), LayerNorm1P with bias, partial rotary,
-        # attention_bias / mlp_bias default False
-        act = cfg.get("hidden_act", "relu2")
-        if act != "relu2":
-            raise ModelError(f"{where}: nemotron hidden_act '{act}' is not supported; allowed: relu2 (squared ReLU)")
-        if cfg.get("attention_bias") or cfg.get("mlp_bias"):
-            raise ModelError(f"{where}: nemotron with attention_bias / mlp_bias is not modelled; allowed: no biases")
-        h = _need(cfg, "hidden_size", where)
-        heads = _need(cfg, "num_attention_heads", where)
-        return ModelSpec(
-            name=name, family="nemotron", model_type=mt, num_layers=_need(cfg, "num_hidden_layers", where), hidden=h,
-            ffn=_need(cfg, "intermediate_size", where), heads=heads, kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or h // heads, vocab=_need(cfg, "vocab_size", where),
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), norm="layernorm1p", mlp="squared_relu",
-            positions="rope", max_positions=cfg.get("max_position_embeddings", 4096),
-            rope_theta=float(cfg.get("rope_theta", 10000.0)), rotary_percent=float(cfg.get("partial_rotary_factor", 0.5)),
-            norm_eps=float(cfg.get("norm_eps", 1e-5)), source=src,
-        )
-    if mt in LLAMA_TYPES or mt in HYBRID_TYPES:
-        h = _need(cfg, "hidden_size", where)
-        heads = _need(cfg, "num_attention_heads", where)
-        layers = _need(cfg, "num_hidden_layers", where)
-        common = dict(
-            name=name, model_type=hf_type, num_layers=layers, hidden=h, ffn=_need(cfg, "intermediate_size", where),
-            heads=heads, kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or h // heads, vocab=_need(cfg, "vocab_size", where),
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), moe=moe,
-            max_positions=cfg.get("max_position_embeddings", 4096),
-            rope_theta=float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
-            rotary_percent=float(cfg.get("partial_rotary_factor", 1.0)), norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            source=src,
-        )
-        act = cfg.get("hidden_act", "silu")
-        if act not in ("silu", "swish"):
-            raise ModelError(f"{where}: hidden_act '{act}' is not supported; allowed: silu (SwiGLU)")
-        if mt in LLAMA_TYPES:
-            scaling = cfg.get("rope_scaling") or {}
-            factor = float(scaling.get("factor") or 0.0) if scaling.get("rope_type") == "llama3" else 0.0
-            return ModelSpec(family="llama", qk_norm=mt == "qwen3", attn_bias=mt == "qwen2", rope_scaling_factor=factor,
-                             **common)
-        if "layer_types" in cfg and cfg["layer_types"]:
-            kinds = tuple(FULL if t == "full_attention" else LINEAR for t in cfg["layer_types"])
-            if len(kinds) != layers:
-                raise ModelError(f"{where}: layer_types has {len(kinds)} entries for {layers} layers")
-        else:
-            every = cfg.get("full_attention_interval", 4)
-            kinds = tuple(FULL if (i + 1) % every == 0 else LINEAR for i in range(layers))
-        return ModelSpec(
-            family="qwen3_5", qk_norm=True, attn_output_gate=bool(cfg.get("attn_output_gate", True)), layer_types=kinds,
-            lin_k_heads=_need(cfg, "linear_num_key_heads", where), lin_v_heads=_need(cfg, "linear_num_value_heads", where),
-            lin_k_dim=_need(cfg, "linear_key_head_dim", where), lin_v_dim=_need(cfg, "linear_value_head_dim", where),
-            conv_kernel=cfg.get("linear_conv_kernel_dim", 4), **common,
-        )
-    if mt in DEEPSEEK_TYPES + GPT_OSS_TYPES:
-        raise ModelError(f"{where}: {mt} without routed experts is not modelled; allowed: its mixture-of-experts "
-                         f"configs (n_routed_experts / num_local_experts > 1)")
-    allowed = ", ".join(LLAMA_TYPES + HYBRID_TYPES + GPT2_TYPES + NEMOTRON_TYPES + DEEPSEEK_TYPES + GPT_OSS_TYPES)
-    raise ModelError(f"{where}: model_type '{mt}' is not supported; allowed: {allowed}")
-
-
-def _rope_theta(cfg: dict) -> float:
-    return float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))
-
-
-def _deepseek_v3(cfg: dict, mt: str, moe: MoESpec, name: str, where: str, src: str) -> ModelSpec:
-    """DeepSeek-V3 / Kimi K2 (transformers DeepseekV3Config): MLA, SwiGLU experts, RMSNorm, untied output."""
-    act = cfg.get("hidden_act", "silu")
-    if act not in ("silu", "swish"):
-        raise ModelError(f"{where}: hidden_act '{act}' is not supported; allowed: silu (SwiGLU)")
-    if cfg.get("attention_bias"):
-        raise ModelError(f"{where}: {mt} with attention_bias is not modelled; allowed: no attention biases")
-    mla = mla_from_hf(cfg, where)
-    h = _need(cfg, "hidden_size", where)
-    heads = _need(cfg, "num_attention_heads", where)
-    yarn = cfg.get("rope_scaling") or {}
-    yarn = yarn if (yarn.get("type") or yarn.get("rope_type")) == "yarn" else {}
-    return ModelSpec(
-        rope_scaling_factor=float(yarn.get("factor") or 0.0),
-        rope_mscale=(float(yarn.get("mscale", 1.0)), float(yarn.get("mscale_all_dim", 0.0))) if yarn else (),
-        name=name, family="deepseek_v3", model_type=mt, num_layers=_need(cfg, "num_hidden_layers", where), hidden=h,
-        ffn=moe.shared_ffn, heads=heads, kv_heads=heads, head_dim=mla.qk_head_dim, vocab=_need(cfg, "vocab_size", where),
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), moe=moe, mla=mla,
-        max_positions=cfg.get("max_position_embeddings", 4096), rope_theta=_rope_theta(cfg),
-        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), mtp_layers=int(cfg.get("num_nextn_predict_layers") or 0),
-        source=src,
-    )
-
-
-def _gpt_oss(cfg: dict, mt: str, moe: MoESpec, name: str, where: str, src: str) -> ModelSpec:
-    """GPT-OSS (transformers GptOssConfig): GQA with q/k/v/o biases and sinks, alternating sliding-window and
-    full attention (``layer_types``), biased experts and router, RMSNorm, untied output."""
-    h = _need(cfg, "hidden_size", where)
-    heads = _need(cfg, "num_attention_heads", where)
-    layers = _need(cfg, "num_hidden_layers", where)
-    types = cfg.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
-    if len(types) != layers:
-        raise ModelError(f"{where}: layer_types has {len(types)} entries for {layers} layers")
-    bad = sorted(set(types) - {"sliding_attention", "full_attention"})
-    if bad:
-        raise ModelError(f"{where}: layer_types {bad} are not modelled; allowed: sliding_attention, full_attention")
-    window = int(cfg.get("sliding_window") or 0)
-    if "sliding_attention" in types and window < 1:
-        raise ModelError(f"{where}: sliding_attention layers need 'sliding_window' >= 1")
-    return ModelSpec(
-        name=name, family="gpt_oss", model_type=mt, num_layers=layers, hidden=h, ffn=0, heads=heads,
-        kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=cfg.get("head_dim") or h // heads,
-        vocab=_need(cfg, "vocab_size", where), tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), moe=moe,
-        max_positions=cfg.get("max_position_embeddings", 4096), rope_theta=_rope_theta(cfg),
-        norm_eps=float(cfg.get("rms_norm_eps", 1e-5)), attn_bias=bool(cfg.get("attention_bias", True)),
-        attn_out_bias=bool(cfg.get("attention_bias", True)), attn_sinks=True, window=window,
-        window_layers=tuple(t == "sliding_attention" for t in types), source=src,
-    )
+    family = by_hf_type(mt)  # the family plug-in reading this model_type (attune.spec.families)
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0
+    if experts and experts > 1 and (family is None or mt not in family.moe_hf_types):
+        raise ModelError(f"{where}: mixture-of-experts model_type '{mt}' is not modelled; allowed: "
+                         f"{', '.join(sorted(moe_hf_types()))}")
+    if family is None:
+        raise ModelError(f"{where}: model_type '{mt}' is not supported; allowed: {', '.join(hf_types())}")
+    if cfg.get("model_type") != mt:
+        cfg = {**cfg, "model_type": mt}
+    return ModelSpec(name=name, family=family.name, model_type=mt, source=src, **family.read(cfg, where))
 
 
 def from_geometry(*, name: str, layers: int, hidden: int, ffn: int, heads: int, vocab: int, mlp: str,
@@ -615,20 +453,10 @@ def from_geometry(*, name: str, layers: int, hidden: int, ffn: int, heads: int, 
     common = dict(name=name, model_type="", num_layers=int(layers), hidden=int(hidden), ffn=int(ffn), heads=int(heads),
                   kv_heads=int(kv), head_dim=int(head_dim or hidden // heads), vocab=int(vocab),
                   max_positions=int(seq_length), source=source)
-    if kind == "squared_relu":
-        common["model_type"] = "nemotron"
-        return ModelSpec(family="nemotron", norm="layernorm1p", mlp="squared_relu", positions=positions or "rope",
-                         rotary_percent=0.5, norm_eps=1e-5,
-                         tied_embeddings=False if tied_embeddings is None else tied_embeddings, **common)
-    if kind == "gelu":
-        common["model_type"] = "gpt2"
-        return ModelSpec(family="gpt2", norm="layernorm", mlp="gelu", positions=positions or "learned", attn_bias=True,
-                         norm_eps=1e-5, tied_embeddings=True if tied_embeddings is None else tied_embeddings, **common)
-    if kind == "swiglu":
-        common["model_type"] = "llama"
-        return ModelSpec(family="llama", positions=positions or "rope",
-                         tied_embeddings=False if tied_embeddings is None else tied_embeddings, **common)
-    raise ModelError(f"{name}: mlp '{mlp}' is not modelled; allowed: {', '.join(MLPS)}")
+    family = for_mlp(kind)
+    if family is None or family.geometry is None:
+        raise ModelError(f"{name}: mlp '{mlp}' is not modelled; allowed: {', '.join(MLPS)}")
+    return ModelSpec(family=family.name, **family.geometry(common, positions, tied_embeddings))
 
 
 def bundled_names() -> list[str]:

@@ -8,21 +8,10 @@ empty: every layer). An MoE layer's MLP is the router, ``experts`` routed SwiGLU
 ``shared_ffn`` (scaled by a sigmoid gate ``Linear(hidden, 1)`` in the Qwen families); a dense layer's MLP is
 a SwiGLU of ``dense_ffn``.
 
-Families (``MoESpec.family``), with the Hugging Face ``model_type`` they are read from:
-
-* ``qwen3_moe`` (Qwen3-30B-A3B, Qwen3-235B-A22B): the llama-style Qwen3 decoder (QK-norm), no shared
-  expert. transformers ``Qwen3MoeSparseMoeBlock``.
-* ``qwen3_next`` (Qwen3-Next-80B-A3B) and ``qwen3_5_moe`` (Qwen3.5/3.6-35B-A3B): the Gated DeltaNet hybrid
-  with MoE layers and a gated shared expert. transformers ``Qwen3NextSparseMoeBlock``.
-* ``mixtral`` (Mixtral 8x7B): llama-style attention without QK-norm, no shared expert.
-  transformers ``MixtralSparseMoeBlock``.
-* ``deepseek_v3`` (DeepSeek-V3, Kimi K2 ``kimi_k2``): multi-head latent attention (``attune.spec.mla``),
-  ``first_k_dense_replace`` dense first layers, ``n_shared_experts`` ungated shared experts of
-  ``moe_intermediate_size`` each, a sigmoid router with group-limited top-k and the ``e_score_correction_bias``
-  vector (``topk_method: noaux_tc``). transformers ``DeepseekV3MoE`` / ``DeepseekV3TopkRouter``.
-* ``gpt_oss`` (GPT-OSS-120B / -20B): experts with biases (``gate_up_proj_bias`` 2 x ffn, ``down_proj_bias``
-  hidden), a router with a bias, clamped SwiGLU (numerics only), no shared expert. transformers
-  ``GptOssExperts`` / ``GptOssTopKRouter``.
+Families (``MoESpec.family``): each family plug-in (``attune.spec.families``) reads its MoE configs into a
+``MoESpec`` (``qwen3_moe`` and ``mixtral`` in ``llama``, ``qwen3_next`` and ``qwen3_5_moe`` in ``qwen3_5``,
+``deepseek_v3``, ``gpt_oss``, the GLM and MiniMax families) and declares the names it uses
+(``attune.spec.family_registry.moe_family_names``).
 
 Two parameter conventions: ``ModelSpec.total_params`` counts every expert; ``ModelSpec.activated_params``
 is the models' published "activated" count (the total less the routed experts a token does not use:
@@ -36,15 +25,7 @@ import re
 from dataclasses import dataclass
 
 from attune.errors import ModelError
-from attune.spec.family_registry import by_name as registered_family
-
-MOE_FAMILIES = ("qwen3_moe", "qwen3_next", "qwen3_5_moe", "mixtral", "deepseek_v3", "gpt_oss")
-"""MoE families attune reads from a Hugging Face config."""
-
-HF_MOE_TYPES = {"qwen3_moe": "qwen3_moe", "qwen3_next": "qwen3_next", "qwen3_5_moe": "qwen3_5_moe",
-                "qwen3_5_moe_text": "qwen3_5_moe", "mixtral": "mixtral", "deepseek_v3": "deepseek_v3",
-                "kimi_k2": "deepseek_v3", "gpt_oss": "gpt_oss"}
-"""Hugging Face ``model_type`` -> MoE family."""
+from attune.spec.family_registry import moe_family_names
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,7 +33,7 @@ class MoESpec:
     """The mixture-of-experts part of every decoder layer."""
 
     family: str
-    """One of ``MOE_FAMILIES``."""
+    """One of the registered MoE family names (``attune.spec.family_registry.moe_family_names``)."""
     experts: int
     """Routed experts per layer (HF ``num_experts`` / ``num_local_experts``; Megatron ``--num-experts``)."""
     top_k: int
@@ -88,8 +69,9 @@ class MoESpec:
     0: none."""
 
     def __post_init__(self) -> None:
-        if self.family not in MOE_FAMILIES and registered_family(self.family) is None:  # or a plug-in family
-            raise ModelError(f"MoE family '{self.family}' is not modelled; allowed: {', '.join(MOE_FAMILIES)}")
+        known = moe_family_names()
+        if self.family not in known:
+            raise ModelError(f"MoE family '{self.family}' is not modelled; allowed: {', '.join(known)}")
         for k in ("experts", "top_k", "expert_ffn"):
             if getattr(self, k) < 1:
                 raise ModelError(f"MoE {k} must be >= 1 (got {getattr(self, k)})")
@@ -148,65 +130,6 @@ class MoESpec:
         return {"moe_family": self.family, "experts": self.experts, "top_k": self.top_k,
                 "expert_ffn": self.expert_ffn, "shared_ffn": self.shared_ffn, "shared_gate": self.shared_gate,
                 **({"dense_layers": self.pattern.count(0)} if self.pattern else {})}
-
-
-def _pattern_from_hf(cfg: dict, family: str, layers: int) -> tuple[int, ...]:
-    """Per-layer MoE flags as transformers builds the layers; () when every layer is MoE."""
-    if family == "deepseek_v3":
-        # DeepseekV3DecoderLayer: MoE iff layer_idx >= first_k_dense_replace and layer_idx % moe_layer_freq == 0
-        k, f = int(cfg.get("first_k_dense_replace") or 0), int(cfg.get("moe_layer_freq") or 1)
-        pat = tuple(int(i >= k and i % f == 0) for i in range(layers))
-    elif family in ("qwen3_moe", "qwen3_next", "qwen3_5_moe"):
-        # Qwen3MoeDecoderLayer: MoE iff layer_idx not in mlp_only_layers and (layer_idx + 1) % decoder_sparse_step == 0
-        only = set(cfg.get("mlp_only_layers") or ())
-        step = int(cfg.get("decoder_sparse_step") or 1)
-        pat = tuple(int(i not in only and (i + 1) % step == 0) for i in range(layers))
-    else:  # mixtral, gpt_oss: every layer
-        return ()
-    return () if all(pat) else pat
-
-
-def moe_from_hf(cfg: dict, family: str, where: str) -> MoESpec:
-    """The MoE part of a Hugging Face config (text config already unwrapped)."""
-    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts")
-    if not experts:
-        raise ModelError(f"{where}: MoE config is missing the field 'num_experts'")
-    top_k = cfg.get("num_experts_per_tok")
-    if not top_k:
-        raise ModelError(f"{where}: MoE config is missing the field 'num_experts_per_tok'")
-    if family in ("mixtral", "gpt_oss"):
-        ffn = cfg.get("intermediate_size")
-    else:
-        ffn = cfg.get("moe_intermediate_size")
-    if not ffn:
-        raise ModelError(f"{where}: MoE config is missing the expert width ('moe_intermediate_size')")
-    layers = cfg.get("num_hidden_layers")
-    if not layers:
-        raise ModelError(f"{where}: MoE config is missing the field 'num_hidden_layers'")
-    pattern = _pattern_from_hf(cfg, family, int(layers))
-    n_shared = 0
-    if family in ("qwen3_next", "qwen3_5_moe"):
-        shared = int(cfg.get("shared_expert_intermediate_size") or 0)
-    elif family == "deepseek_v3":
-        n_shared = int(cfg.get("n_shared_experts") or 0)
-        shared = n_shared * int(ffn)  # DeepseekV3MoE.shared_experts: one MLP of moe_intermediate_size x n_shared
-    else:
-        shared = 0
-    # Megatron's Mixtral and GPT-OSS: the dense width is the expert width
-    dense_ffn = int(ffn) if family in ("mixtral", "gpt_oss") else int(cfg.get("intermediate_size") or 0)
-    extra = {}
-    if family == "deepseek_v3":
-        scoring = cfg.get("scoring_func", "softmax")
-        if scoring not in ("softmax", "sigmoid"):
-            raise ModelError(f"{where}: scoring_func '{scoring}' is not modelled; allowed: softmax, sigmoid")
-        extra = dict(score=scoring, router_bias=cfg.get("topk_method") == "noaux_tc",
-                     num_groups=int(cfg.get("n_group") or 0), group_topk=int(cfg.get("topk_group") or 0),
-                     topk_scaling=float(cfg.get("routed_scaling_factor") or 0.0), shared_experts=n_shared)
-    elif family == "gpt_oss":
-        extra = dict(router_bias=True, expert_bias=True)
-    return MoESpec(family=family, experts=int(experts), top_k=int(top_k), expert_ffn=int(ffn), shared_ffn=shared,
-                   shared_gate=shared > 0 and family != "deepseek_v3", dense_ffn=dense_ffn or shared,
-                   pattern=pattern, **extra)
 
 
 # ---------------------------------------------------------------------- layout rules (called by attune.spec.rules)
@@ -304,10 +227,10 @@ def _checked_freq(text: str) -> str:
     return text
 
 
-def moe_model_args(moe: MoESpec, num_layers: int) -> list[str]:
+def moe_model_args(moe: MoESpec, num_layers: int, frozen_expert_bias: bool = False) -> list[str]:
     """The MoE part of slime's MODEL_ARGS for a model (scripts/models/qwen3-30B-A3B.sh and the others);
-    DeepSeek-V3 / Kimi K2 add the sigmoid router with expert bias, group-limited routing and the top-k
-    scaling factor where the config has them."""
+    DeepSeek-V3 / Kimi K2 add the sigmoid router with its frozen expert bias (``frozen_expert_bias``: the family
+    says so), group-limited routing and the top-k scaling factor where the config has them."""
     a = ["--num-experts", str(moe.experts), "--moe-router-topk", str(moe.top_k),
          "--moe-ffn-hidden-size", str(moe.expert_ffn)]
     if moe.shared_ffn:
@@ -317,7 +240,7 @@ def moe_model_args(moe: MoESpec, num_layers: int) -> list[str]:
     common = list(SLIME_MOE_COMMON)
     common[common.index("--moe-router-score-function") + 1] = moe.score
     a += common
-    if moe.router_bias and moe.family == "deepseek_v3":
+    if frozen_expert_bias:
         # e_score_correction_bias (noaux_tc), frozen (bias update rate 0), top-k weights normalised after the
         # sigmoid (pre-softmax) and sequence-level balancing at coefficient 0: slime's deepseek-v3.sh, kimi-k2.sh,
         # moonlight.sh at 624b824a (Megatron's default update rate 1e-3 would move the bias during training)

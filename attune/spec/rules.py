@@ -39,10 +39,7 @@ def check(layout: Layout, model: ModelSpec, world_size: int, workload: Workload,
         e.append(f"TP {L.tp} must divide the {model.heads} attention heads")
     if model.kv_heads % L.tp:
         e.append(f"TP {L.tp} must divide the {model.kv_heads} query groups (KV heads)")
-    if model.family == "qwen3_5" and not engine.gdn_replicated:
-        for n, v in (("linear key heads", model.lin_k_heads), ("linear value heads", model.lin_v_heads)):
-            if v % (L.tp * L.cp):
-                e.append(f"TP x CP = {L.tp * L.cp} must divide the {v} {n} (megatron-core GDN)")
+    e += model.traits.layout_rules(L, model, engine)  # the family's own rules (attune.spec.families)
     if L.sp and L.tp == 1:
         e.append("sequence parallelism needs TP > 1")
     if L.pp > model.num_layers:
@@ -146,10 +143,7 @@ def dispatcher_rules(L: Layout, model: ModelSpec, engine: Engine) -> list[str]:
 
 def layout_string_refusal(model: ModelSpec, engine: Engine) -> str | None:
     """Why this model on this engine cannot take ``--pipeline-model-parallel-layout`` (None: it can)."""
-    if engine.name == "slime" and model.family == "qwen3_5":
-        return ("--pipeline-model-parallel-layout: slime's Qwen3.5 spec asserts config.pipeline_model_parallel_layout "
-                "is None (slime_plugins/models/qwen3_5.py); use first/last layer counts")
-    return None
+    return model.traits.layout_string_refusal(engine)
 
 
 def check_knobs(L: Layout, model: ModelSpec, engine: Engine) -> list[str]:

@@ -1,4 +1,5 @@
-"""PyTorch modules for the three ModelSpec families (plain PyTorch, no fused kernels).
+"""PyTorch modules for the ModelSpec families (plain PyTorch, no fused kernels); the family's builder traits
+(``ModelSpec.traits``: zero-centred norms, biases on every linear) choose the variant, never its name.
 
 * llama: GQA, SwiGLU, RMSNorm, RoPE (partial rotary from `rotary_percent`), optional q/k biases
   (qwen2) and q/k RMSNorm (qwen3).
@@ -69,7 +70,7 @@ class GatedRMSNorm(nn.Module):
 def make_norm(spec: ModelSpec, dim: int, device=None) -> nn.Module:
     if spec.norm == "layernorm":
         return nn.LayerNorm(dim, eps=spec.norm_eps, device=device)
-    return RMSNorm(dim, spec.norm_eps, zero_centered=spec.family == "qwen3_5", device=device)
+    return RMSNorm(dim, spec.norm_eps, zero_centered=spec.traits.zero_centred_norm, device=device)
 
 
 # ---------------------------------------------------------------------- rotary positions
@@ -116,13 +117,13 @@ class Attention(nn.Module):
         self.gated = spec.attn_output_gate
         self.use_rope = spec.positions == "rope"
         qkv_bias = spec.attn_bias
-        out_bias = spec.attn_bias and spec.family == "gpt2"
+        out_bias = spec.attn_bias and spec.traits.linear_biases
         self.q_proj = nn.Linear(h, spec.q_dim * (2 if self.gated else 1), bias=qkv_bias, device=device)
         self.k_proj = nn.Linear(h, spec.kv_dim, bias=qkv_bias, device=device)
         self.v_proj = nn.Linear(h, spec.kv_dim, bias=qkv_bias, device=device)
         self.o_proj = nn.Linear(spec.q_dim, h, bias=out_bias, device=device)
         if spec.qk_norm:
-            zc = spec.family == "qwen3_5"
+            zc = spec.traits.zero_centred_norm
             self.q_norm = RMSNorm(hd, spec.norm_eps, zero_centered=zc, device=device)
             self.k_norm = RMSNorm(hd, spec.norm_eps, zero_centered=zc, device=device)
         else:
@@ -266,7 +267,7 @@ class MLP(nn.Module):
         super().__init__()
         h, f = spec.hidden, spec.ffn
         self.swiglu = spec.mlp == "swiglu"
-        bias = spec.family == "gpt2"
+        bias = spec.traits.linear_biases
         if self.swiglu:
             self.gate_proj = nn.Linear(h, f, bias=False, device=device)
         self.up_proj = nn.Linear(h, f, bias=bias, device=device)

@@ -47,14 +47,11 @@ from attune.recipe.target import recipe_target
 from attune.runners.ray.cluster import PATH_VARS, ClusterConfig
 from attune.runners.shell import bash_c, ray_env_vars, word
 from attune.spec.engine import get_engine
-from attune.spec.family_registry import by_name as family_plugin
 from attune.spec.flags import table_describes, to_flags
 from attune.spec.precision import hardware_refusal, slime_env
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec
-from attune.spec.mla import mla_model_args
-from attune.spec.moe import moe_model_args
 from attune.spec.rules import check
 
 __all__ = ["LaunchCommand", "LaunchError", "ShellText", "model_args", "slime_command", "command_for_recipe",
@@ -162,94 +159,13 @@ def trial_slug(name: str) -> str:
 
 # ---------------------------------------------------------------------- model arguments
 def model_args(model: ModelSpec) -> list[str]:
-    """Megatron-LM / slime architecture flags for a model; MoE models add slime's MoE model arguments
-    (``attune.spec.moe.moe_model_args``). A plug-in family (``attune.spec.family_registry``) writes its own."""
-    plugin = family_plugin(model.family)
-    if plugin is not None:
-        return plugin.model_args(model)
-    a = _dense_model_args(model)
-    if model.moe is not None:
-        a += moe_model_args(model.moe, model.num_layers)
-    return a
-
-
-def _dense_model_args(model: ModelSpec) -> list[str]:
-    """Megatron-LM / slime architecture flags for a model, generated from its spec.
-
-    qwen3_5: slime's ``scripts/models/qwen3.5-27B.sh`` MODEL_ARGS (reference 1.1), in its order; tied models
-    (4B, 0.8B) leave out --untie-embeddings-and-output-weights. llama family: Megatron's llama flags (as in
-    slime's scripts/models/llama3-8B.sh / qwen3-4B.sh). gpt2: learned absolute positions, LayerNorm, biases,
-    Megatron's default GeLU in OpenAI's tanh form (HF gpt2's ``gelu_new``).
-    """
-    m = model
-    if m.family == "qwen3_5":
-        plugin = "qwen3_next" if m.moe is not None and m.moe.family == "qwen3_next" else "qwen3_5"
-        a = ["--spec", f"slime_plugins.models.{plugin}", f"get_{plugin}_spec",
-             "--disable-bias-linear", "--qk-layernorm", "--group-query-attention",
-             "--num-attention-heads", str(m.heads), "--num-query-groups", str(m.kv_heads),
-             "--kv-channels", str(m.head_dim), "--num-layers", str(m.num_layers),
-             "--hidden-size", str(m.hidden), "--ffn-hidden-size", str(m.moe.dense_ffn if m.moe else m.ffn)]
-        # slime's script also passes --use-gated-attention: its Megatron patch registers it and nothing reads it
-        # (the flag table's no_effect), so the launch leaves it out; the gate itself is --attention-output-gate
-        a += ["--normalization", "RMSNorm", "--apply-layernorm-1p", "--position-embedding-type", "rope",
-              "--norm-epsilon", _num(m.norm_eps), "--rotary-percent", _num(m.rotary_percent), "--swiglu"]
-        if not m.tied_embeddings:
-            a.append("--untie-embeddings-and-output-weights")
-        a += ["--vocab-size", str(m.vocab), "--rotary-base", _num(m.rope_theta)]
-        if m.attn_output_gate:
-            a.append("--attention-output-gate")
-        return a
-    if m.family == "llama":
-        a = ["--swiglu", "--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden),
-             "--ffn-hidden-size", str(m.moe.dense_ffn if m.moe else m.ffn), "--num-attention-heads", str(m.heads)]
-        if m.kv_heads != m.heads:
-            a += ["--group-query-attention", "--num-query-groups", str(m.kv_heads)]
-        a += ["--kv-channels", str(m.head_dim), "--position-embedding-type", "rope",
-              "--rotary-base", _num(m.rope_theta)]
-        if m.rope_scaling_factor:  # Llama 3.1 / 3.2 (slime scripts/models/llama3.1-8B-Instruct.sh, llama3.2-3B-Instruct.sh)
-            a += ["--max-position-embeddings", str(m.max_positions), "--use-rope-scaling",
-                  "--rotary-scaling-factor", _flt(m.rope_scaling_factor)]
-        if m.rotary_percent != 1.0:
-            a += ["--rotary-percent", _num(m.rotary_percent)]
-        a += ["--disable-bias-linear"]
-        if m.attn_bias:
-            a.append("--add-qkv-bias")  # qwen2: q/k/v biases only
-        a += ["--normalization", "RMSNorm", "--norm-epsilon", _num(m.norm_eps), "--vocab-size", str(m.vocab)]
-        if m.qk_norm:
-            a.append("--qk-layernorm")
-        if not m.tied_embeddings:
-            a.append("--untie-embeddings-and-output-weights")
-        return a
-    if m.family == "deepseek_v3":
-        # DeepSeek-V3 / Kimi K2: Megatron's MLA (attune.spec.mla.mla_model_args); --ffn-hidden-size is the dense
-        # layers' width, --kv-channels the value head dim. YaRN rope scaling from the config's rope_scaling
-        # (--rotary-scaling-factor, --mscale, --mscale-all-dim; slime sets --rope-type yarn for MLA models in
-        # _set_default_megatron_args) and --no-rope-fusion, as slime's deepseek-v3.sh / kimi-k2.sh write them.
-        a = ["--swiglu", "--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden),
-             "--ffn-hidden-size", str(m.moe.dense_ffn), "--num-attention-heads", str(m.heads),
-             "--kv-channels", str(m.mla.v_head_dim), "--position-embedding-type", "rope",
-             "--rotary-base", _num(m.rope_theta), "--disable-bias-linear", "--normalization", "RMSNorm",
-             "--norm-epsilon", _num(m.norm_eps), "--vocab-size", str(m.vocab)]
-        if not m.tied_embeddings:
-            a.append("--untie-embeddings-and-output-weights")
-        a += mla_model_args(m.mla)
-        if m.rope_scaling_factor:
-            a += ["--rotary-scaling-factor", _num(m.rope_scaling_factor), "--mscale", _flt(m.rope_mscale[0]),
-                  "--mscale-all-dim", _flt(m.rope_mscale[1])]
-        return a + ["--no-rope-fusion"]
-    if m.family == "gpt_oss":
-        raise LaunchError(f"model {m.name}: the slime launch of gpt_oss is not written: its Megatron flags (sliding "
-                          f"window, learnable attention sinks, output-projection bias, clamped SwiGLU) are not in "
-                          f"attune's flag table's sources to check; allowed families: qwen3_5, llama, gpt2, deepseek_v3")
-    if m.family == "gpt2":
-        return ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden), "--ffn-hidden-size", str(m.ffn),
-                "--num-attention-heads", str(m.heads), "--kv-channels", str(m.head_dim),
-                "--max-position-embeddings", str(m.max_positions), "--position-embedding-type", "learned_absolute",
-                "--normalization", "LayerNorm", "--norm-epsilon", _num(m.norm_eps),
-                "--openai-gelu",  # HF gpt2 activation gelu_new = tanh GeLU (Megatron's default is exact GeLU)
-                "--vocab-size", str(m.vocab)]
-    raise LaunchError(f"model {m.name}: family '{m.family}' has no slime launch; allowed: qwen3_5, llama, gpt2, "
-                      f"deepseek_v3")
+    """Megatron-LM / slime architecture flags for a model: its family's (``ModelSpec.traits.model_args``,
+    ``attune.spec.families``), MoE and latent attention included; a family without a slime launch is refused with
+    its reason."""
+    family = model.traits
+    if family.model_args is None:
+        raise LaunchError(f"model {model.name}: {family.launch_refusal}")
+    return family.model_args(model)
 
 
 def stage_of_rank(rank: int, layout: Layout) -> int:

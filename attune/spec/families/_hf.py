@@ -20,6 +20,11 @@ def rope_theta(cfg: dict, default: float = 10000.0) -> float:
     return float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or default)
 
 
+def rope_base(cfg: dict) -> float:
+    """``rope_theta`` as the families built before the registry read it (a ``rope_parameters`` base of 0 kept)."""
+    return float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+
+
 def silu_only(cfg: dict, where: str) -> None:
     act = cfg.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
@@ -40,12 +45,78 @@ def dense_geometry(cfg: dict, where: str) -> dict:
                 norm_eps=float(cfg.get("rms_norm_eps", 1e-5)), attn_bias=bool(cfg.get("attention_bias", True)))
 
 
+def llama_style(cfg: dict, where: str, moe: MoESpec | None) -> dict:
+    """The fields a Llama-style config states (llama and qwen3_5 families), ``moe`` included; SwiGLU only."""
+    h = need(cfg, "hidden_size", where)
+    heads = need(cfg, "num_attention_heads", where)
+    layers = need(cfg, "num_hidden_layers", where)
+    common = dict(
+        num_layers=layers, hidden=h, ffn=need(cfg, "intermediate_size", where), heads=heads,
+        kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=cfg.get("head_dim") or h // heads,
+        vocab=need(cfg, "vocab_size", where), tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), moe=moe,
+        max_positions=cfg.get("max_position_embeddings", 4096), rope_theta=rope_base(cfg),
+        rotary_percent=float(cfg.get("partial_rotary_factor", 1.0)), norm_eps=float(cfg.get("rms_norm_eps", 1e-6)))
+    silu_only(cfg, where)
+    return common
+
+
+# ---------------------------------------------------------------------- mixture of experts
+def n_experts(cfg: dict) -> int:
+    """Routed experts a config states (``num_experts``, ``num_local_experts`` or ``n_routed_experts``); 0: none."""
+    return cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0
+
+
+def without_experts(cfg: dict, where: str) -> None:
+    """A config of an MoE-only model_type without routed experts: a one-line ModelError."""
+    if not n_experts(cfg) or n_experts(cfg) <= 1:
+        mt = cfg.get("model_type")
+        raise ModelError(f"{where}: {mt} without routed experts is not modelled; allowed: its mixture-of-experts "
+                         f"configs (n_routed_experts / num_local_experts > 1)")
+
+
+def moe_basics(cfg: dict, where: str, width_key: str = "moe_intermediate_size") -> tuple[int, int, int, int]:
+    """(experts, top-k, expert width, layers) of an MoE config, each missing one a one-line ModelError."""
+    experts = n_experts(cfg)
+    if not experts:
+        raise ModelError(f"{where}: MoE config is missing the field 'num_experts'")
+    top_k = cfg.get("num_experts_per_tok")
+    if not top_k:
+        raise ModelError(f"{where}: MoE config is missing the field 'num_experts_per_tok'")
+    ffn = cfg.get(width_key)
+    if not ffn:
+        raise ModelError(f"{where}: MoE config is missing the expert width ('moe_intermediate_size')")
+    layers = cfg.get("num_hidden_layers")
+    if not layers:
+        raise ModelError(f"{where}: MoE config is missing the field 'num_hidden_layers'")
+    return int(experts), int(top_k), int(ffn), int(layers)
+
+
+def moe_pattern(flags) -> tuple[int, ...]:
+    """Per-layer MoE flags as ``MoESpec.pattern``: () when every layer is MoE."""
+    pat = tuple(flags)
+    return () if all(pat) else pat
+
+
+def qwen_moe_pattern(cfg: dict, layers: int) -> tuple[int, ...]:
+    """Qwen3MoeDecoderLayer (and Qwen3-Next's): MoE iff layer_idx not in mlp_only_layers and
+    (layer_idx + 1) % decoder_sparse_step == 0."""
+    only = set(cfg.get("mlp_only_layers") or ())
+    step = int(cfg.get("decoder_sparse_step") or 1)
+    return moe_pattern(int(i not in only and (i + 1) % step == 0) for i in range(layers))
+
+
 def num(x: float | int) -> str:
     """A flag value as slime's scripts write it: 1000000.0 -> 1000000, 1e-06 -> 1e-6, 2.5 -> 2.5."""
     if float(x) == int(x) and abs(x) < 1e15:
         return str(int(x))
     s = repr(float(x))
     return re.sub(r"e([+-])0*(\d)", lambda m: "e" + ("-" if m.group(1) == "-" else "") + m.group(2), s)
+
+
+def flt(x: float) -> str:
+    """A float flag value that stays a float (0.0, not 0)."""
+    s = num(x)
+    return s if any(c in s for c in ".e") else s + ".0"
 
 
 def deepseek_style_moe(cfg: dict, family: str, where: str) -> MoESpec:

@@ -70,6 +70,6 @@ def model_args(m) -> list[str]:
     return a
 
 
-FAMILY = register(Family(name=NAME, hf_types=("glm4_moe",), read=read, model_args=model_args,
+FAMILY = register(Family(name=NAME, hf_types=("glm4_moe",), moe_hf_types=("glm4_moe",), read=read, model_args=model_args,
                          source="transformers models/glm4_moe; slime 624b824a scripts/models/glm4.5-106B-A12B.sh, "
                                 "glm4.5-355B-A32B.sh"))

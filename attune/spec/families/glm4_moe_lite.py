@@ -52,5 +52,5 @@ def model_args(m) -> list[str]:
     return a
 
 
-FAMILY = register(Family(name=NAME, hf_types=("glm4_moe_lite",), read=read, model_args=model_args,
+FAMILY = register(Family(name=NAME, hf_types=("glm4_moe_lite",), moe_hf_types=("glm4_moe_lite",), read=read, model_args=model_args,
                          source="transformers models/glm4_moe_lite; slime 624b824a scripts/models/glm4.7-30B-A3B.sh"))

@@ -61,5 +61,5 @@ def model_args(m) -> list[str]:
     return a
 
 
-FAMILY = register(Family(name=NAME, hf_types=("glm_moe_dsa",), read=read, model_args=model_args,
+FAMILY = register(Family(name=NAME, hf_types=("glm_moe_dsa",), moe_hf_types=("glm_moe_dsa",), read=read, model_args=model_args,
                          source="transformers models/glm_moe_dsa; slime 624b824a scripts/models/glm5-744B-A40B.sh"))

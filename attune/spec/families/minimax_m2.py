@@ -70,5 +70,5 @@ def model_args(m) -> list[str]:
     return a
 
 
-FAMILY = register(Family(name=NAME, hf_types=("minimax_m2",), read=read, model_args=model_args,
+FAMILY = register(Family(name=NAME, hf_types=("minimax_m2",), moe_hf_types=("minimax_m2",), read=read, model_args=model_args,
                          source="transformers models/minimax_m2; slime 624b824a scripts/models/minimax-m2.sh"))

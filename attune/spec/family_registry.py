@@ -55,7 +55,7 @@ class Family:
     moe_families: tuple[str, ...] = ()
     """``MoESpec.family`` values its configs produce besides ``name`` (llama: qwen3_moe, mixtral)."""
     launch_refusal: str = ""
-    """Why there is no slime launch (``model_args`` None), one line naming what is allowed."""
+    """Why there is no slime launch (``model_args`` None), one line; the launch adds the families that have one."""
     mlp: str = ""
     """``from_geometry`` builds this family for a bare geometry with this MLP (swiglu, gelu, squared_relu); "" none."""
     geometry: Callable[..., dict] | None = None

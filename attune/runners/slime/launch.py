@@ -47,6 +47,7 @@ from attune.recipe.target import recipe_target
 from attune.runners.ray.cluster import PATH_VARS, ClusterConfig
 from attune.runners.shell import bash_c, ray_env_vars, word
 from attune.spec.engine import get_engine
+from attune.spec.family_registry import launchable
 from attune.spec.flags import table_describes, to_flags
 from attune.spec.precision import hardware_refusal, slime_env
 from attune.spec.hardware import Cluster
@@ -164,7 +165,7 @@ def model_args(model: ModelSpec) -> list[str]:
     its reason."""
     family = model.traits
     if family.model_args is None:
-        raise LaunchError(f"model {model.name}: {family.launch_refusal}")
+        raise LaunchError(f"model {model.name}: {family.launch_refusal}; allowed families: {', '.join(launchable())}")
     return family.model_args(model)
 
 

@@ -55,4 +55,4 @@ FAMILY = register(Family(
     moe_hf_types=("gpt_oss",),
     launch_refusal="the slime launch of gpt_oss is not written: its Megatron flags (sliding window, learnable "
                    "attention sinks, output-projection bias, clamped SwiGLU) are not in attune's flag table's sources "
-                   "to check; allowed families: qwen3_5, llama, gpt2, deepseek_v3"))
+                   "to check"))

@@ -43,4 +43,5 @@ def geometry(common: dict, positions: str | None, tied_embeddings: bool | None) 
 FAMILY = register(Family(name=NAME, hf_types=("nemotron",), read=read, model_args=None,
                          source="transformers models/nemotron; NeMo Nemotron4Config", mlp="squared_relu",
                          geometry=geometry,
-                         launch_refusal="family 'nemotron' has no slime launch; allowed: qwen3_5, llama, gpt2, deepseek_v3"))
+                         launch_refusal="family 'nemotron' has no slime launch (slime 624b824a ships no Nemotron "
+                                        "model script)"))

@@ -19,7 +19,6 @@ from attune.search.tuner import TuneConfig, TuneOutcome
 # rows of the measured-trials table (best first)
 TOP_TRIALS = 10
 COUNT_LABELS = (("proposals", "proposals from TPE"), ("estimated", "TPE proposals estimated (memory + speed)"),
-                ("refined", "layouts estimated by model-guided refinement (not trials)"),
                 ("invalid", "pruned: break a layout rule"), ("oom_predicted", "pruned: predicted out of memory"),
                 ("oom_rule", "pruned: monotone rule after a real OOM"), ("duplicate", "already measured"),
                 ("skipped_slow", "skipped: predicted < {slack:g} x the best measured"),
@@ -76,9 +75,10 @@ def _search(cfg: TuneConfig, out: TuneOutcome) -> list[str]:
     counts = study_counts(out.study)
     L = ["## Search\n", "| what | count |\n|---|---|"]
     for k, label in COUNT_LABELS:
-        if counts[k] or k == "measured":  # the model sampler makes no proposal trials: its rows stay empty
-            L.append(f"| {label.format(slack=cfg.slack)} | {counts[k]} |")
-    scored = out.counts.get("scored", 0)
+        n = getattr(counts, k)
+        if n or k == "measured":  # the model sampler makes no proposal trials: its rows stay empty
+            L.append(f"| {label.format(slack=cfg.slack)} | {n} |")
+    scored = out.scored
     L.append(f"\nSampler `{cfg.sampler}`; layouts of the space scored by the model (not trials): {scored:,}. "
              f"Wall time of this session: {out.wall_s:.1f} s.")
     if out.stopped:

@@ -49,7 +49,7 @@ from attune.estimator.coefficients import Coefficients, coefficients_for
 from attune.runners.base import FAILED, OK, OOM, Runner, TrialResult, TrialSpec
 from attune.search.records import (
     INTERRUPTED, KIND_DUP, KIND_EST, KIND_INVALID, KIND_LOST, KIND_OOM, KIND_RULE, KIND_SLOW, LOG_TAIL_CHARS, REASON_CHARS,
-    ROLE_BASELINE, ROLE_CANDIDATE, TrialRecord, records)
+    ROLE_BASELINE, ROLE_CANDIDATE, StudyCounts, TrialRecord, records)
 from attune.search.coordination import claim_key, contest, new_measured_trial, pending_retries, slots
 from attune.search.storage import CONNECT_TIMEOUT_S, BadStorageURL, StorageHandle, StorageUnavailable, mask_url, open_storage
 from attune.search.sampler import ModelGuidedSampler
@@ -121,8 +121,6 @@ class TuneConfig:
     """Stop once the study's measured trials have used this many GPU-hours (None: no budget)."""
     candidates: int = 48
     """TPE proposals estimated (and recorded as trials) per measurement slot."""
-    random_starts: int = 400
-    """Unused since the model sampler scores the whole space (kept so older callers still build configs)."""
     slack: float = 0.8
     """Skip candidates predicted slower than this fraction of the best measured layout's prediction."""
     seed: int = 0
@@ -156,8 +154,6 @@ class TuneConfig:
             raise UserInputError(f"trials {self.trials}: must be at least 1 measured trial")
         if self.candidates < 1:
             raise UserInputError(f"candidates {self.candidates}: must be at least 1 proposal per trial")
-        if self.random_starts < 0:
-            raise UserInputError(f"random_starts {self.random_starts}: must be 0 or more draws")
         if not 0.0 < self.slack <= 1.0:
             raise UserInputError(f"slack {self.slack:g}: must be in (0, 1] (a fraction of the best prediction)")
         if not 0.0 <= self.headroom < 1.0:
@@ -189,8 +185,10 @@ class TuneOutcome:
     """The baseline's measured trial (None if it never ran)."""
     best: TrialRecord | None
     """The best completed feasible measured trial (None when nothing fitted)."""
-    counts: dict = field(default_factory=dict)
-    """This session's counts: estimated, invalid, oom_predicted, oom_rule, duplicate, skipped_slow, measured."""
+    counts: StudyCounts = field(default_factory=StudyCounts)
+    """This session's counts: estimated, invalid, oom_predicted, oom_rule, duplicate, skipped_slow, lost, measured."""
+    scored: int = 0
+    """Layouts of the space the model sampler scored (not trials; 0 with TPE)."""
     wall_s: float = 0.0
     """Wall time of this session, seconds."""
     stopped: str = ""
@@ -272,8 +270,7 @@ class Tuner:
         self.progress = progress
         self.study: optuna.Study | None = None
         self._rdb: optuna.storages.RDBStorage | None = None
-        self.counts = dict(estimated=0, invalid=0, oom_predicted=0, oom_rule=0, duplicate=0, skipped_slow=0,
-                           measured=0, refined=0)
+        self.counts = StudyCounts()  # this session's
         self.measured_layouts: set[tuple] = set()
         # monotone rule: a stage that ran out of memory for real at a predicted P GiB rules out >= P GiB there
         self.oom_floor: dict[int, float] = {}
@@ -283,6 +280,7 @@ class Tuner:
         self._usable = self._capacity * (1.0 - cfg.headroom)
         self.shipped = cfg.coefficients if cfg.coefficients is not None else coefficients_for(cfg.cluster.gpu)
         self.model_sampler: ModelGuidedSampler | None = None
+        self.scored = 0  # layouts the model sampler scored
         self._proposal_fields: dict = {}
         self.asked: list[int] = []
         self._edge_step: dict | None = None
@@ -332,7 +330,7 @@ class Tuner:
         if cfg.sampler == "tpe":
             return optuna.samplers.TPESampler(seed=cfg.seed, multivariate=True, n_startup_trials=TPE_STARTUP_TRIALS)
         table = score_space(cfg.space, cfg.model, cfg.cluster, cfg.workload, cfg.engine, self.shipped)
-        self.counts["scored"] = len(table)
+        self.scored = len(table)
 
         def refused(layout: Layout) -> list[str]:
             return cfg.runner.check(self._spec(layout))
@@ -446,7 +444,7 @@ class Tuner:
             rec.save(trial)
             trial.report(est.perf.tokens_per_s_per_gpu, 0)
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            self.counts["lost"] = self.counts.get("lost", 0) + 1
+            self.counts.lost += 1
             return None
         beat: _Heartbeat | None = None
         rec = TrialRecord(role=role, host=self._host, pid=self._pid, runner=cfg.runner.name)
@@ -486,7 +484,7 @@ class Tuner:
             rec.save(again)  # what the measurement started with: role, worker, estimate, proposal
             self._file_result(again, out, res, est)
             trial = again
-        self.counts["measured"] += 1
+        self.counts.measured += 1
         return TrialRecord.from_trial(study.trials[trial.number])
 
     def _file_result(self, trial: optuna.Trial, out: TrialRecord, res: TrialResult, est) -> None:
@@ -543,7 +541,7 @@ class Tuner:
             return None
         cfg = self.cfg
         est = estimate(cfg.model, cfg.cluster, cfg.baseline, cfg.workload, cfg.engine, cfg.coefficients)
-        self.counts["estimated"] += 1
+        self.counts.estimated += 1
         return self.measure(cfg.space.params_for(cfg.baseline, cfg.model, cfg.workload), cfg.baseline, est,
                             ROLE_BASELINE)
 
@@ -562,13 +560,13 @@ class Tuner:
             try:
                 layout = self.to_layout(params)
             except LayoutError as e:
-                self.counts["invalid"] += 1
+                self.counts.invalid += 1
                 TrialRecord(kind=KIND_INVALID, reason=str(e)[:500]).save(t)
                 t.set_constraint("valid", INVALID_PENALTY)
                 study.tell(t, state=optuna.trial.TrialState.PRUNED)
                 continue
             est = self.estimate(layout)
-            self.counts["estimated"] += 1
+            self.counts.estimated += 1
             rec = TrialRecord()
             rec.set_estimate(est)
             rec.save(t)
@@ -576,7 +574,7 @@ class Tuner:
             t.report(pred, 0)
             over = self._over_floor(est)
             if not self.fits(est):
-                self.counts["oom_predicted"] += 1
+                self.counts.oom_predicted += 1
                 reason = est.memory.verdict() if not est.fits else (
                     f"predicted peak {est.memory.peak_gib:.1f} GiB on stage {est.memory.peak_stage} is within the "
                     f"{100 * cfg.headroom:g}% headroom of {self._capacity:.1f} GiB")
@@ -586,15 +584,15 @@ class Tuner:
                 continue
             t.set_constraint("memory_gib", est.memory.peak_gib - self._usable)
             if over:
-                self.counts["oom_rule"] += 1
+                self.counts.oom_rule += 1
                 TrialRecord(kind=KIND_RULE, reason=(
                     f"stage {over[0].stage} needs {over[0].total_gib:.1f} GiB, at least as much as a layout that ran "
                     f"out of memory there ({self.oom_floor[over[0].stage]:.1f} GiB predicted)")).save(t)
             elif layout_key(layout, cfg.model.num_layers) in self.measured_layouts:
-                self.counts["duplicate"] += 1
+                self.counts.duplicate += 1
                 TrialRecord(kind=KIND_DUP).save(t)
             elif best_pred and pred < cfg.slack * best_pred:
-                self.counts["skipped_slow"] += 1
+                self.counts.skipped_slow += 1
                 TrialRecord(kind=KIND_SLOW, reason=(
                     f"predicted {pred:.1f} tokens/s/GPU < {cfg.slack:g} x {best_pred:.1f} predicted for the best "
                     f"measured layout")).save(t)
@@ -690,7 +688,7 @@ class Tuner:
             p_imp = a.p_improve if a.best_tokens is not None else None
             top = self.model_sampler.top_predicted(self.study)
         return TuneOutcome(study=self.study, baseline=baseline, best=self.best_measured(),
-                           counts={k: v for k, v in self.counts.items() if k != "refined"},
+                           counts=self.counts, scored=self.scored,
                            wall_s=time.time() - t0, stopped=stopped, stop_kind=stop_kind,
                            remaining_regret=regret, p_improve=p_imp, top_predicted=top)
 
@@ -757,7 +755,3 @@ class Tuner:
         if self.progress is not None:
             self.progress(message, completed)
 
-
-def run_study(cfg: TuneConfig, progress: Callable[..., None] | None = None) -> TuneOutcome:
-    """`Tuner(cfg, progress).run()`."""
-    return Tuner(cfg, progress).run()

@@ -20,6 +20,7 @@ from attune.recipe import lint, load_recipe, write_recipe  # noqa: E402
 from attune.recipe.codec import to_recipe_block  # noqa: E402
 from attune.runners.base import Capabilities, Runner, TrialResult  # noqa: E402
 from attune.runners.registry import get_runner  # noqa: E402
+from attune.runners.torch_runner import torch_rerun  # noqa: E402
 from attune.runners.slime.launch import slime_command  # noqa: E402
 from attune.spec.engine import get_engine  # noqa: E402
 from attune.spec.hardware import parse_cluster  # noqa: E402
@@ -68,6 +69,9 @@ class ScriptedRunner(Runner):
 
     def check(self, spec):
         return [] if spec.layout.tp == 1 else [f"TP {spec.layout.tp} not supported by the scripted runner"]
+
+    def rerun_command(self, spec):
+        return torch_rerun(spec)  # its arms stand for the torch trainer's
 
     def _execute(self, spec, trial_dir):
         self.specs.append(spec)

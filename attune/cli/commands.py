@@ -22,11 +22,13 @@ from attune.recipe import has_errors, lint, load_recipe, render
 from attune.runners.ray.cluster import load_cluster
 from attune.runners.slime.launch import command_for_recipe
 from attune.runners.slime.logparse import format_summary, parse_slime_log
+from attune.search.options import TuneOptions
 from attune.search.storage import mask_url
 from attune.spec.hardware import GPUS, detect_local_gpus
 from attune.spec.model import bundled_names, load_model
 
 from . import render as out
+from .options import options_from_args
 
 
 def _finite(x):
@@ -113,7 +115,8 @@ def cmd_run(args) -> int:
 
 def cmd_tune(args) -> int:
     con = out.console()
-    cfg = tune_api.config_from_args(args)
+    opts = options_from_args(TuneOptions, args)
+    cfg = tune_api.tune_config(opts)
     con.print(f"attune tune: {cfg.model.name} on {cfg.cluster.spec}, runner {cfg.runner.name}, "
               f"{cfg.trials} measured trials, study '{cfg.study_name}' in {mask_url(cfg.storage)}", highlight=False)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -125,8 +128,8 @@ def cmd_tune(args) -> int:
                 prog.update(task, completed=min(completed, cfg.trials))
             prog.update(task, description=msg[:100])
 
-        result = tune_api.run_tuning(cfg, verify=not args.no_verify, save_recipe=args.save_recipe,
-                                     progress=progress, allow_numerics=getattr(args, "allow_numerics", None) or ())
+        result = tune_api.run_tuning(cfg, verify=opts.verify, save_recipe=opts.save_recipe, progress=progress,
+                                     allow_numerics=opts.allow_numerics)
     if result.verdict is not None:
         con.print(f"correctness: {result.recipe['correctness']['result']}; status {result.recipe['status']}",
                   highlight=False)

@@ -27,17 +27,15 @@ from attune.errors import RecipeError, UserInputError
 from attune.recipe.codec import from_recipe_blocks
 from attune.recipe.models import Gpu, LayoutBlock, Recipe, Result, WorkloadBlock, validate_block
 from attune.recipe.runblock import parse_run, unclosed_quote
-from attune.spec.engine import Engine, get_engine
+from attune.spec.engine import DEFAULT_ENGINE, Engine, get_engine
 from attune.spec.flags import LAYOUT_FLAGS, WORKLOAD_FLAGS
 from attune.spec.hardware import Cluster, parse_cluster
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec, load_model
 from attune.spec.rules import check, derive_dp
 
-__all__ = ["RecipeTarget", "recipe_target", "HYPER_PARAMETERS", "DEFAULT_ENGINE"]
+__all__ = ["RecipeTarget", "recipe_target", "HYPER_PARAMETERS"]
 
-# The engine a recipe runs on unless the caller says otherwise: a recipe's `run` block is a slime launch.
-DEFAULT_ENGINE = "slime"
 # Workload fields a recipe's run flags set (the optimizer's hyper-parameters and the seed); the flag of
 # each comes from attune.spec.flags' table. Batch and row length come from the workload block instead.
 HYPER_PARAMETERS = ("lr", "min_lr", "lr_decay_style", "warmup_fraction", "weight_decay", "adam_beta1",

@@ -20,8 +20,7 @@ from typing import Any, Iterable
 from attune.errors import FlagError, UserInputError
 from attune.recipe.codec import from_recipe_blocks
 from attune.recipe.models import schema_issues as _model_schema_issues
-from attune.recipe.target import DEFAULT_ENGINE
-from attune.spec.engine import get_engine
+from attune.spec.engine import DEFAULT_ENGINE, get_engine
 from attune.spec.flags import FlagSpec, flag_prefixes, flag_table, known_flag, table_describes
 from attune.spec.model import load_model
 from attune.spec.knobs import not_honoured

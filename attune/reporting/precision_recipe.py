@@ -12,7 +12,7 @@ import copy
 
 from attune.estimator.metrics import model_flops_utilization, usd_per_million_tokens
 from attune.recipe.codec import to_recipe_block
-from attune.reporting.recipe import run_block
+from attune.reporting.recipe import rerun_of
 from attune.search.precision_search import PrecisionComparison
 from attune.search.tuner import TuneConfig
 from attune.spec.placement import batching
@@ -27,9 +27,9 @@ def low_precision_recipe(cfg: TuneConfig, winner: dict, comparison: PrecisionCom
     lay, gpu = e.layout, cfg.cluster.gpu
     tps = e.perf.tokens_per_s_per_gpu
     r = copy.deepcopy(winner)
-    run, env = run_block(cfg, lay)
+    rerun = rerun_of(cfg, lay)
     r.update(status="predicted", layout=to_recipe_block(lay, cfg.model, batching(lay, cfg.workload, cfg.engine)),
-             run=run, env=env)
+             run=rerun.command, env=dict(rerun.env))
     res = dict(r.get("result") or {})
     res.update(tokens_per_s_per_gpu=round(tps, 2), usd_per_million_tokens=round(usd_per_million_tokens(tps, gpu), 4),
                mfu=round(model_flops_utilization(tps, cfg.model, gpu), 4), measured=None, gpu_hours=0.0,

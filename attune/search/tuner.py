@@ -50,8 +50,9 @@ from attune.runners.base import FAILED, OK, OOM, Runner, TrialResult, TrialSpec
 from attune.search.records import (
     INTERRUPTED, KIND_DUP, KIND_EST, KIND_INVALID, KIND_LOST, KIND_OOM, KIND_RULE, KIND_SLOW, LOG_TAIL_CHARS, REASON_CHARS,
     ROLE_BASELINE, ROLE_CANDIDATE, StudyCounts, TrialRecord, records)
+from attune.search.options import SAMPLERS, TuneOptions
 from attune.search.coordination import claim_key, contest, new_measured_trial, pending_retries, slots
-from attune.search.storage import CONNECT_TIMEOUT_S, BadStorageURL, StorageHandle, StorageUnavailable, mask_url, open_storage
+from attune.search.storage import BadStorageURL, StorageHandle, StorageUnavailable, mask_url, open_storage
 from attune.search.sampler import ModelGuidedSampler
 from attune.search.scoring import score_space
 from attune.search.space import SearchSpace, layout_key
@@ -73,11 +74,6 @@ DRY_PROPOSALS = 256
 DRY_ROUNDS = 3
 # the number of measured attempts (failures included) is capped at this many per requested trial, plus 2
 ATTEMPTS_PER_TRIAL = 2
-# proposal mechanisms of `--sampler`
-SAMPLERS = ("model", "tpe")
-# heartbeat of a measured trial (seconds; Optuna takes integers) and the silence after which it is stale:
-# SQLite stores heartbeat times to the second, so the grace period spans several beats
-HEARTBEAT_INTERVAL_S, GRACE_PERIOD_S = 5, 20
 
 
 class StudyError(UserInputError):
@@ -108,22 +104,22 @@ class TuneConfig:
     """What was adapted in the default workload for this cluster (one sentence for the report; "" if nothing)."""
     trials: int = 20
     """Target number of completed measured trials in the study (resuming counts earlier sessions)."""
-    sampler: str = "model"
+    sampler: str = TuneOptions.sampler
     """Who proposes the next layout: `model` (ModelGuidedSampler: expected improvement under the study's
     recalibrated model) or `tpe` (plain multivariate TPE with the predicted memory as a constraint)."""
-    recalibrate: bool = True
+    recalibrate: bool = TuneOptions.recalibrate
     """Refit the model to the study's measurements after each measured trial (model sampler)."""
-    min_gain: float = 0.01
+    min_gain: float = TuneOptions.min_gain
     """Stop rule: a candidate must beat the best measured by more than this fraction to be worth a trial."""
-    p_stop: float = 0.05
+    p_stop: float = TuneOptions.p_stop
     """Stop rule: stop when no candidate has more than this probability of such a gain."""
     budget_gpu_hours: float | None = None
     """Stop once the study's measured trials have used this many GPU-hours (None: no budget)."""
     candidates: int = 48
     """TPE proposals estimated (and recorded as trials) per measurement slot."""
-    slack: float = 0.8
+    slack: float = TuneOptions.slack
     """Skip candidates predicted slower than this fraction of the best measured layout's prediction."""
-    seed: int = 0
+    seed: int = TuneOptions.seed
     """Seed of the TPE sampler and of the uniform draws."""
     storage: str = ""
     """Optuna storage: an RDB URL (sqlite:///..., postgresql://...) or a path ending in .journal."""
@@ -139,14 +135,14 @@ class TuneConfig:
     """Host memory cap per CPU worker for the torch runner on CPU, GiB (None: no cap)."""
     data_path: str | None = None
     """Packed rows (parquet) for measured trials; None: seeded synthetic rows."""
-    headroom: float = 0.02
+    headroom: float = TuneOptions.memory_headroom
     """Fraction of GPU memory kept free: predictions this close to capacity are not trusted."""
-    heartbeat_interval_s: int = HEARTBEAT_INTERVAL_S
+    heartbeat_interval_s: int = TuneOptions.heartbeat_interval_s
     """Seconds between heartbeats of a measured trial (RDB storages)."""
-    grace_period_s: int = GRACE_PERIOD_S
+    grace_period_s: int = TuneOptions.grace_period_s
     """Seconds without a heartbeat (or, for a trial without a role, since it started) after which a RUNNING
     trial is taken as left by a killed tuner and failed."""
-    storage_timeout_s: float = CONNECT_TIMEOUT_S
+    storage_timeout_s: float = TuneOptions.storage_timeout_s
     """Database connection timeout, seconds (also how long the first connection is retried)."""
 
     def __post_init__(self) -> None:

@@ -21,7 +21,7 @@ from attune.api.target import batch_for_cluster
 from attune.correctness.verdict import Verdict, apply_verdict
 from attune.correctness.verify import verify_recipe, write_outputs
 from attune.errors import NoFeasibleLayout, UserInputError
-from attune.recipe import lint, write_recipe
+from attune.recipe import Recipe, lint, write_recipe
 from attune.reporting import build_recipe, recipe_path, write_csv, write_report
 from attune.reporting.precision_recipe import low_precision_recipe
 from attune.runners.registry import get_runner, resolve_runner, runner_capabilities
@@ -142,7 +142,7 @@ class TuneResult:
     """The resolved configuration of the session."""
     outcome: TuneOutcome
     """The study, its best and baseline trials, this session's counts and wall time."""
-    recipe: dict
+    recipe: Recipe
     """The winner as a recipe (after verification when it ran)."""
     recipe_path: Path
     """out_dir/recipe.yaml."""
@@ -209,7 +209,7 @@ def _no_feasible(cfg: TuneConfig, outcome: TuneOutcome) -> NoFeasibleLayout:
     return NoFeasibleLayout(msg + f"; {c.estimated} candidates estimated")
 
 
-def verify_winner(cfg: TuneConfig, recipe: dict, progress: Progress | None = None) -> tuple[dict, Verdict]:
+def verify_winner(cfg: TuneConfig, recipe: Recipe, progress: Progress | None = None) -> tuple[Recipe, Verdict]:
     """Verify a measured winner against the study's baseline layout (convergence + component tests); returns
     the recipe with the verdict applied and the verdict (also written to out_dir/verify/)."""
     say = (lambda m: progress(m)) if progress else None

@@ -131,7 +131,7 @@ def cmd_tune(args) -> int:
         result = tune_api.run_tuning(cfg, verify=opts.verify, save_recipe=opts.save_recipe, progress=progress,
                                      allow_numerics=opts.allow_numerics)
     if result.verdict is not None:
-        con.print(f"correctness: {result.recipe['correctness']['result']}; status {result.recipe['status']}",
+        con.print(f"correctness: {result.recipe.correctness.result}; status {result.recipe.status}",
                   highlight=False)
     for line in result.summary_lines():
         con.print(line, highlight=False, markup=False)

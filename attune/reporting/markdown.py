@@ -9,6 +9,7 @@ from pathlib import Path
 
 from attune.estimator import estimate
 from attune.estimator.coefficients import coefficients_for
+from attune.recipe.models import Recipe
 from attune.reporting.edge import edge_section
 from attune.reporting.plots import plot_study
 from attune.search.ablation import ablation
@@ -37,7 +38,7 @@ def _header(cfg: TuneConfig) -> list[str]:
             f"Generated {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}.\n"]
 
 
-def _winner(cfg: TuneConfig, out: TuneOutcome, recipe: dict | None, kind: str) -> list[str]:
+def _winner(cfg: TuneConfig, out: TuneOutcome, recipe: Recipe | None, kind: str) -> list[str]:
     best = out.best
     if best is None:
         return []
@@ -46,13 +47,13 @@ def _winner(cfg: TuneConfig, out: TuneOutcome, recipe: dict | None, kind: str) -
          f"{best.predicted_peak_gib:.1f} GiB on stage {best.predicted_peak_stage} "
          f"of {cfg.cluster.gpu.capacity_gib:.1f} GiB."]
     if recipe:
-        r = recipe["result"]
-        L.append(f" MFU {r['mfu']:.4f}; {r['usd_per_million_tokens']:.3f} USD per million tokens at "
+        r = recipe.result
+        L.append(f" MFU {r.mfu:.4f}; {r.usd_per_million_tokens:.3f} USD per million tokens at "
                  f"{cfg.cluster.gpu.usd_per_hour:.2f} USD/GPU-hour.")
     L.append("\n")
-    if recipe and recipe.get("correctness"):
-        c = recipe["correctness"]
-        L.append(f"Correctness: **{c.get('result')}** ({c.get('summary', '')}); recipe status `{recipe.get('status')}`.\n")
+    if recipe and recipe.correctness:
+        c = recipe.correctness
+        L.append(f"Correctness: **{c.result}** ({c.summary or ''}); recipe status `{recipe.status}`.\n")
     return L
 
 
@@ -209,7 +210,7 @@ def _measured_table(out: TuneOutcome, measured: bool) -> list[str]:
     return L
 
 
-def write_report(cfg: TuneConfig, out: TuneOutcome, out_dir: Path, recipe: dict | None, extra=()) -> Path:
+def write_report(cfg: TuneConfig, out: TuneOutcome, out_dir: Path, recipe: Recipe | None, extra=()) -> Path:
     """Write out_dir/report.md (and its PNG plots); returns its path. ``extra``: markdown lines of a section after
     the baseline (the low-precision comparison of ``--allow-numerics``)."""
     plots = plot_study(cfg, out, out_dir)

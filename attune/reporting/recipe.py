@@ -10,6 +10,8 @@ from pathlib import Path
 from attune.estimator import estimate
 from attune.estimator.metrics import model_flops_utilization, usd_per_million_tokens
 from attune.recipe.codec import to_recipe_block
+from attune.recipe.models import (ActiveParams, Author, Correctness, Gpu, LayoutBlock, Recipe, Result, WorkloadBlock,
+                                  validate_block)
 from attune.runners.base import Rerun, TrialSpec
 from attune.search.records import records, study_counts
 from attune.search.tuner import TuneConfig, TuneOutcome
@@ -29,7 +31,7 @@ def rerun_of(cfg: TuneConfig, layout: Layout) -> Rerun:
                                               engine=cfg.engine))
 
 
-def build_recipe(cfg: TuneConfig, out: TuneOutcome) -> dict:
+def build_recipe(cfg: TuneConfig, out: TuneOutcome) -> Recipe:
     """The winner in the seed recipe's format."""
     best, base = out.best, out.baseline
     lay = best.to_layout()
@@ -59,39 +61,39 @@ def build_recipe(cfg: TuneConfig, out: TuneOutcome) -> dict:
     notes.append(f"Peak memory (predicted): {est.memory.peak_gib:.1f} GiB on stage {est.memory.peak_stage} of "
                  f"{est.memory.capacity_gib:.1f} GiB.")
     today = dt.datetime.now(dt.timezone.utc).date().isoformat()
-    return {
-        "schema_version": 1,
-        "model": model.name,
-        "gpu": {"type": cluster.type_key,
-                "memory_gb": _gpu_marketing_gb(cluster.gpu.name) or round(cluster.gpu.memory_bytes / 1e9),
-                "count": cluster.world_size,
-                "per_node": cluster.gpus_per_node, "instance": None},
-        "author": {"name": "attune", "url": None},
-        "status": "measured" if measured else "predicted",
-        "stack": _stack(cfg, measured, rerun),
-        "workload": {"row_tokens": wl.seq_length, "rows": "packed rows" if cfg.data_path else "synthetic rows (seeded)",
-                     "global_batch": wl.global_batch, "precision": lay.precision},
-        "layout": to_recipe_block(lay, model, batching(lay, wl, eng)),
-        "result": {
-            "tokens_per_s_per_gpu": round(tps, 2), "usd_per_million_tokens": round(usd, 4),
-            "step_time_cv_percent": round(float(best.step_time_cv_percent or 0.0), 3),
-            "mfu": round(mfu, 4),
-            "mfu_note": "tokens/s/GPU x 6 x active parameters / dense BF16 peak" + ("" if measured else "; predicted"),
-            "active_params": {"count": model.active_params, "source": model.source or f"config of {model.name}", "revision": None},
-            "measured": today if measured else None,
-            "steps_per_run": wl.steps, "window": [a, b], "window_tokens": wl.tokens_per_step * (b - a + 1),
-            "runs": 1, "profiler": False, "gpu_hours": round(gpu_hours, 4),
-            "gpu_hours_note": ("GPUs x wall time of every measured trial of the search, including start-up" if measured
-                               else "nothing ran: the sim runner predicts"),
-            **_throughput_basis(cfg, best, measured),
-        },
-        "correctness": {"result": "not_run",
-                        "summary": "not run: predicted by the model" if not measured else "not run yet: attune verify"},
-        "env": dict(rerun.env),
-        "patches": [],
-        "run": rerun.command,
-        "notes": "".join(f"- {n}\n" for n in notes),
-    }
+    return Recipe(
+        schema_version=1,
+        model=model.name,
+        gpu=Gpu(type=cluster.type_key,
+                memory_gb=_gpu_marketing_gb(cluster.gpu.name) or round(cluster.gpu.memory_bytes / 1e9),
+                count=cluster.world_size, per_node=cluster.gpus_per_node, instance=None),
+        author=Author(name="attune", url=None),
+        status="measured" if measured else "predicted",
+        stack=_stack(cfg, measured, rerun),
+        workload=WorkloadBlock(row_tokens=wl.seq_length,
+                               rows="packed rows" if cfg.data_path else "synthetic rows (seeded)",
+                               global_batch=wl.global_batch, precision=lay.precision),
+        layout=validate_block(to_recipe_block(lay, model, batching(lay, wl, eng)), LayoutBlock, "layout"),
+        result=Result(
+            tokens_per_s_per_gpu=round(tps, 2), usd_per_million_tokens=round(usd, 4),
+            step_time_cv_percent=round(float(best.step_time_cv_percent or 0.0), 3),
+            mfu=round(mfu, 4),
+            mfu_note="tokens/s/GPU x 6 x active parameters / dense BF16 peak" + ("" if measured else "; predicted"),
+            active_params=ActiveParams(count=model.active_params, source=model.source or f"config of {model.name}",
+                                       revision=None),
+            measured=today if measured else None,
+            steps_per_run=wl.steps, window=[a, b], window_tokens=wl.tokens_per_step * (b - a + 1),
+            runs=1, profiler=False, gpu_hours=round(gpu_hours, 4),
+            gpu_hours_note=("GPUs x wall time of every measured trial of the search, including start-up" if measured
+                            else "nothing ran: the sim runner predicts"),
+            **_throughput_basis(cfg, best, measured)),
+        correctness=Correctness(result="not_run", summary="not run: predicted by the model" if not measured
+                                else "not run yet: attune verify"),
+        env=dict(rerun.env),
+        patches=[],
+        run=rerun.command,
+        notes="".join(f"- {n}\n" for n in notes),
+    )
 
 
 def _throughput_basis(cfg: TuneConfig, best, measured: bool) -> dict:

@@ -16,7 +16,7 @@ from attune.correctness.verdict import apply_verdict
 from attune.recipe import Recipe, load_recipe, validate_recipe
 from attune.runners.base import Rerun, Runner, TrialSpec
 from attune.runners.registry import TRIAL_KINDS, resolve_runner, runner_class, runner_names
-from attune.search.options import TargetOptions, TuneOptions, field_docs
+from attune.search.options import RunOptions, TargetOptions, TuneOptions, VerifyOptions, field_docs
 from attune.search.sampler import ModelGuidedSampler
 from attune.search.tuner import TuneConfig
 from attune.spec.engine import get_engine
@@ -70,6 +70,13 @@ def test_cli_options_are_generated_from_the_dataclass():
     est = _sub(p, "estimate")
     assert {f.name for f in dataclasses.fields(TargetOptions)} <= {a.dest for a in est._actions}
     assert not _option(est, "model").required and _option(tune, "model").required
+    # the siblings: attune run and attune verify
+    args = p.parse_args(["run", "--model", "tiny-llama", "--gpus", "2xcpu", "--timeout", "9", "--cluster", "c.yaml"])
+    assert options_from_args(RunOptions, args) == RunOptions(model="tiny-llama", gpus="2xcpu", timeout_s=9.0,
+                                                             cluster_file="c.yaml", gpus_per_node=None)
+    args = p.parse_args(["verify", "r.yaml", "--in-place", "--negative-control"])
+    v = options_from_args(VerifyOptions, args)
+    assert (v.recipe, v.in_place, v.negative_control, v.runner, v.steps) == ("r.yaml", True, True, "torch", 20)
 
 
 def test_runner_choices_come_from_the_registry():

@@ -27,6 +27,7 @@ from attune.correctness.verify import VerifyError, reference_layout_of, resolve_
 from attune.recipe import load_recipe_model, write_recipe
 from attune.runners.base import Runner
 from attune.runners.registry import get_runner
+from attune.search.options import VerifyOptions
 
 # The sidecar beside the recipe (negative controls the recipe schema cannot hold).
 SIDECAR = "verify.json"
@@ -69,8 +70,8 @@ def default_out_dir(recipe_path: str | Path, now: dt.datetime | None = None) -> 
     return Path.cwd() / "reports" / "verify" / f"{Path(recipe_path).stem}-{stamp}"
 
 
-def verify(recipe_path: str | Path, *, runner: str | Runner = "torch", steps: int = 20, out_dir: str | Path | None = None,
-           negative_control: bool = False, reference: str | Path | None = None, cluster_file: str | None = None,
+def verify(recipe_path: str | Path, *, runner: str | Runner = VerifyOptions.runner, steps: int = VerifyOptions.steps,
+           out_dir: str | Path | None = None, negative_control: bool = False, reference: str | Path | None = None, cluster_file: str | None = None,
            progress: Callable[[str], None] | None = None, in_place: bool = False) -> VerifyOutcome:
     """Verify the recipe at ``recipe_path`` on ``runner`` and write the verdict into it.
 

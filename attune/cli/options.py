@@ -57,6 +57,9 @@ def add_options(p: argparse.ArgumentParser, cls: type, *, names: tuple[str, ...]
     for f, cli, doc in cli_fields(cls):
         if names is not None and f.name not in names:
             continue
+        if cli.positional:
+            p.add_argument(f.name, help=doc)
+            continue
         flag = cli.flag or "--" + f.name.replace("_", "-")
         kw: dict = {"dest": f.name, "help": doc}
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory() \

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from attune.runners.registry import runner_names
-from attune.search.options import TargetOptions, TuneOptions
+from attune.search.options import RunOptions, TargetOptions, TuneOptions, VerifyOptions
 from attune.search.storage import CONNECT_TIMEOUT_S
 
 from . import commands as c
@@ -51,29 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=c.cmd_tune)
 
     s = sub.add_parser("run", help="one measured run of a layout")
-    _target_args(s, required=False)
-    s.add_argument("--runner", default="torch", choices=runner_names(selectable=True, needs_measurements=False))
-    s.add_argument("--recipe")
-    s.add_argument("--steps", type=positive_int, default=20)
-    s.add_argument("--timeout", type=positive_float, default=None)
-    s.add_argument("--out", default=None, help="output folder (default ./reports/runs/<model>-<layout>-<stamp>/)")
-    s.add_argument("--cluster", default=None)
+    add_options(s, RunOptions, required=False)
     s.add_argument("--json", action="store_true")
     s.add_argument("flags", nargs=argparse.REMAINDER)
     _common(s)
     s.set_defaults(func=c.cmd_run)
 
     s = sub.add_parser("verify", help="correctness check of a recipe; marks it verified or failed")
-    s.add_argument("recipe")
-    s.add_argument("--runner", default="torch", choices=runner_names(selectable=True, measured=True, verifiable=True))
-    s.add_argument("--reference", default=None, help="reference recipe (default: the model's baseline layout)")
-    s.add_argument("--steps", type=positive_int, default=20)
-    s.add_argument("--negative-control", action="store_true")
-    s.add_argument("--cluster", default=None)
-    s.add_argument("--out", default=None, help="output folder (default ./reports/verify/<stamp>/); the verdict's "
-                                               "recipe is written there as recipe.yaml")
-    s.add_argument("--in-place", action="store_true",
-                   help="rewrite the recipe file itself with the verdict (only after a measured verdict)")
+    add_options(s, VerifyOptions)
     _common(s)
     s.set_defaults(func=c.cmd_verify)
 

@@ -38,6 +38,7 @@ from attune.recipe.target import RecipeTarget, recipe_target
 from attune.runners.base import Runner
 from attune.runners.registry import get_runner
 from attune.runners.slime import stack_probe
+from attune.search.options import VerifyOptions
 from attune.spec.baselines import baseline_layout
 from attune.spec.layout import Layout
 from attune.spec.rules import derive_dp
@@ -183,8 +184,9 @@ def _reporter(progress: Progress | None) -> Progress:
     return say
 
 
-def verify_recipe(recipe: Recipe, runner: Runner | str = "torch", *, workdir: str | Path,
-                  reference_layout: Layout | None = None, reference_source: str | None = None, steps: int = 20,
+def verify_recipe(recipe: Recipe, runner: Runner | str = VerifyOptions.runner, *, workdir: str | Path,
+                  reference_layout: Layout | None = None, reference_source: str | None = None,
+                  steps: int = VerifyOptions.steps,
                   negative_control: bool = False, progress: Progress | None = None) -> Verdict:
     """Verify a recipe (not changed) by training its arms in `workdir`; returns the `Verdict`.
 

@@ -21,7 +21,7 @@ from attune.runners.registry import TRIAL_KINDS, runner_names
 from attune.search.storage import CONNECT_TIMEOUT_S
 from attune.spec.engine import ENGINES
 
-__all__ = ["Cli", "TargetOptions", "TuneOptions", "SAMPLERS", "HEARTBEAT_INTERVAL_S", "GRACE_PERIOD_S",
+__all__ = ["Cli", "TargetOptions", "TuneOptions", "RunOptions", "VerifyOptions", "SAMPLERS", "HEARTBEAT_INTERVAL_S", "GRACE_PERIOD_S",
            "field_docs", "cli_fields"]
 
 # proposal mechanisms of `--sampler` (attune.search.tuner)
@@ -49,6 +49,8 @@ class Cli:
     """The value's name in the help."""
     required: bool = False
     """The command line must give it."""
+    positional: bool = False
+    """A positional argument (named by the field), not an option."""
 
 
 def _opt(default: Any = dataclasses.MISSING, **cli: Any) -> Any:
@@ -137,6 +139,46 @@ class TuneOptions(TargetOptions):
     """check the correctness of a measured winner (--no-verify: skip it)"""
     save_recipe: bool = _opt(False, switch="on")
     """also copy the recipe into ./recipes/<model>/<gpu>/ (tracked recipes are never written otherwise)"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions(TargetOptions):
+    """The options of ``attune run`` (one measured run; ``attune.api.run.run_once``)."""
+
+    runner: str = _opt("torch", choices=runner_names(selectable=True, needs_measurements=False))
+    """where the run runs (attune.runners.registry)"""
+    recipe: str | None = _opt(None)
+    """read model, GPUs, layout and workload from a recipe YAML"""
+    steps: int = _opt(20, kind="positive_int")
+    """training steps of the run"""
+    timeout_s: float | None = _opt(None, flag="--timeout", kind="positive_float")
+    """seconds before the run is killed"""
+    out: str | None = _opt(None)
+    """output folder (default ./reports/runs/<model>-<layout>-<stamp>/)"""
+    cluster_file: str | None = _opt(None, flag="--cluster")
+    """cluster YAML for the slime runner"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifyOptions:
+    """The options of ``attune verify`` (``attune.api.verify.verify``)."""
+
+    recipe: str = _opt(positional=True)
+    """the recipe file to verify"""
+    runner: str = _opt(RunOptions.runner, choices=runner_names(selectable=True, measured=True, verifiable=True))
+    """where the arms train (attune.runners.registry)"""
+    reference: str | None = _opt(None)
+    """reference recipe (default: the model's baseline layout)"""
+    steps: int = _opt(RunOptions.steps, kind="positive_int")
+    """training steps of each arm"""
+    negative_control: bool = _opt(False, switch="on")
+    """also run arms that must fail (learning rate x10, an inverted loss mask, a broken optimizer)"""
+    cluster_file: str | None = _opt(None, flag="--cluster")
+    """cluster YAML for the slime runner"""
+    out: str | None = _opt(None)
+    """output folder (default ./reports/verify/<stamp>/); the verdict's recipe is written there as recipe.yaml"""
+    in_place: bool = _opt(False, switch="on")
+    """rewrite the recipe file itself with the verdict (only after a measured verdict)"""
 
 
 @cache

@@ -254,7 +254,8 @@ def test_tune_on_a_moe_model_emits_a_recipe(tmp_path):
     def with_flags(extra: str):
         run = res.recipe.run
         assert "  --use-tensorboard \\\n" in run  # a line of the main (train) command
-        return res.recipe.model_copy(update={"run": run.replace("  --use-tensorboard \\\n", f"  --use-tensorboard {extra} \\\n")})
+        changed = run.replace("  --use-tensorboard \\\n", f"  --use-tensorboard {extra} \\\n")
+        return res.recipe.model_copy(update={"run": changed})
 
     lay2 = recipe_target(with_flags("--moe-expert-capacity-factor 1.5 --moe-router-force-load-balancing")).layout
     assert lay2.moe_capacity_factor == 1.5 and lay2.moe_force_balance and not back.layout.moe_force_balance

@@ -71,7 +71,8 @@ def default_out_dir(recipe_path: str | Path, now: dt.datetime | None = None) -> 
 
 
 def verify(recipe_path: str | Path, *, runner: str | Runner = VerifyOptions.runner, steps: int = VerifyOptions.steps,
-           out_dir: str | Path | None = None, negative_control: bool = False, reference: str | Path | None = None, cluster_file: str | None = None,
+           out_dir: str | Path | None = None, negative_control: bool = False, reference: str | Path | None = None,
+           cluster_file: str | None = None,
            progress: Callable[[str], None] | None = None, in_place: bool = False) -> VerifyOutcome:
     """Verify the recipe at ``recipe_path`` on ``runner`` and write the verdict into it.
 

@@ -27,8 +27,8 @@ def _gpu_marketing_gb(name: str) -> int | None:
 
 def rerun_of(cfg: TuneConfig, layout: Layout) -> Rerun:
     """How the recipe reruns ``layout``: the study's runner's launch of it (``Runner.rerun_command``)."""
-    return cfg.runner.rerun_command(TrialSpec(model=cfg.model, cluster=cfg.cluster, layout=layout, workload=cfg.workload,
-                                              engine=cfg.engine))
+    spec = TrialSpec(model=cfg.model, cluster=cfg.cluster, layout=layout, workload=cfg.workload, engine=cfg.engine)
+    return cfg.runner.rerun_command(spec)
 
 
 def build_recipe(cfg: TuneConfig, out: TuneOutcome) -> Recipe:

@@ -21,8 +21,8 @@ from attune.runners.registry import TRIAL_KINDS, runner_names
 from attune.search.storage import CONNECT_TIMEOUT_S
 from attune.spec.engine import ENGINES
 
-__all__ = ["Cli", "TargetOptions", "TuneOptions", "RunOptions", "VerifyOptions", "SAMPLERS", "HEARTBEAT_INTERVAL_S", "GRACE_PERIOD_S",
-           "field_docs", "cli_fields"]
+__all__ = ["Cli", "TargetOptions", "TuneOptions", "RunOptions", "VerifyOptions", "SAMPLERS", "HEARTBEAT_INTERVAL_S",
+           "GRACE_PERIOD_S", "field_docs", "cli_fields"]
 
 # proposal mechanisms of `--sampler` (attune.search.tuner)
 SAMPLERS = ("model", "tpe")

@@ -3,7 +3,8 @@
 Throughput: a few physical coefficients of the performance model are refitted by bounded least squares on
 log tokens/s/GPU (`scipy.optimize.least_squares`), with the shipped calibration as a Gaussian prior in log
 space, so a few points cannot run away. The fitted coefficients and their bounds come from the `bounds`
-metadata of `attune.estimator.coefficients.Coefficients` fields; coefficients that change predicted memory are left to the memory terms.
+metadata of `attune.estimator.coefficients.Coefficients` fields; coefficients that change predicted memory are left
+to the memory terms.
 
 Memory: measured peaks and real OOMs update an additive offset per stage position (first, middle, last
 pipeline stage; a single stage is both first and last): a common offset (the mean of measured - predicted over

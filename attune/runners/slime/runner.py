@@ -40,7 +40,8 @@ from attune.spec.hardware import Cluster
 from attune.spec.model import ModelSpec
 from attune.runners.slime.tbscalars import scalars_from_log, train_metrics
 
-__all__ = ["SlimeRunner", "SlimePayload", "slime_result", "slime_rerun", "slime_run", "crash_stage", "SLIME_CAPABILITIES"]
+__all__ = ["SlimeRunner", "SlimePayload", "slime_result", "slime_rerun", "slime_run", "crash_stage",
+           "SLIME_CAPABILITIES"]
 
 # A real 20-step slime run per trial: `attune tune` defaults to 12 measured trials and 48 proposals estimated
 # per trial; flags attune does not model pass straight to slime's launch.
@@ -138,7 +139,8 @@ def slime_rerun(spec: TrialSpec) -> Rerun:
     Megatron-LM commits the launch and the flag table were written for."""
     v = launch_versions()
     stack = {"slime": f"{v['slime']} (the commit attune's launch and flag table were written for)",
-             "megatron_lm": f"{v['megatron_lm']} with slime's Megatron patch (the commit slime pins; launch written for it)"}
+             "megatron_lm": f"{v['megatron_lm']} with slime's Megatron patch "
+                            f"(the commit slime pins; launch written for it)"}
     wl = spec.workload
     try:
         cmd = slime_command(spec.model, spec.cluster, spec.layout, wl, steps=wl.steps)

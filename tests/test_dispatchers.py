@@ -56,4 +56,4 @@ def test_moe_space_proposes_only_dispatchers_the_engine_runs():
 @pytest.mark.slow
 def test_qwen35_moe_winner_uses_a_dispatcher_slime_runs(tmp_path):
     res = tune(model="Qwen3.5-35B-A3B", gpus="8xH200", out=tmp_path / "out")
-    assert res.recipe["layout"]["dispatcher"] in engine_choices(FLAG, "slime")
+    assert res.recipe.layout.dispatcher in engine_choices(FLAG, "slime")

@@ -242,19 +242,20 @@ def test_tune_on_a_moe_model_emits_a_recipe(tmp_path):
     assert cfg.space.name == "moe-test"
     assert tune_config(model="Qwen3-30B-A3B", gpus="8xH200", out=tmp_path / "o2").space.name == "moe"
     res = tune(model="Qwen3-30B-A3B", gpus="8xH200", search_space=str(space), out=tmp_path / "out", candidates=8)
-    lay = res.recipe["layout"]
-    assert lay["etp"] in (1, 2) and lay["dispatcher"] == "alltoall" and lay["ep"] in (1, 2, 4, 8)
-    assert res.recipe_path.exists() and "experts over EP" in lay["summary"]
+    lay = res.recipe.layout
+    assert lay.etp in (1, 2) and lay.dispatcher == "alltoall" and lay.ep in (1, 2, 4, 8)
+    assert res.recipe_path.exists() and "experts over EP" in lay.summary
     assert res.outcome.baseline is not None
     # the recipe reads back to the winner's layout (EP, ETP, dispatcher from the block; kernel switches from the run)
     back = recipe_target(res.recipe)
     assert back.layout == res.outcome.best.to_layout()
     assert estimate_target(back).perf.tokens_per_s_per_gpu == pytest.approx(res.outcome.best.value, rel=1e-3)
     # numerics-class MoE options have no layout-block key: the run flags carry them back
-    def with_flags(extra: str) -> dict:
-        run = res.recipe["run"]
+    def with_flags(extra: str):
+        run = res.recipe.run
         assert "  --use-tensorboard \\\n" in run  # a line of the main (train) command
-        return dict(res.recipe, run=run.replace("  --use-tensorboard \\\n", f"  --use-tensorboard {extra} \\\n"))
+        changed = run.replace("  --use-tensorboard \\\n", f"  --use-tensorboard {extra} \\\n")
+        return res.recipe.model_copy(update={"run": changed})
 
     lay2 = recipe_target(with_flags("--moe-expert-capacity-factor 1.5 --moe-router-force-load-balancing")).layout
     assert lay2.moe_capacity_factor == 1.5 and lay2.moe_force_balance and not back.layout.moe_force_balance

@@ -4,6 +4,7 @@ result path on fixture logs (no Ray needed)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import json
 import shlex
@@ -31,7 +32,7 @@ from attune.runners.ray.cluster import ClusterFileError, load_cluster, parse_clu
 from attune.runners.ray.jobs import JobOutcome
 from attune.runners.slime.launch import (ATTUNE_PACKAGE_DIR, LaunchError, command_for_recipe, model_args,
                                          slime_command, stage_of_rank)
-from attune.runners.slime.runner import SlimeRunner, slime_result
+from attune.runners.slime.runner import SlimePayload, SlimeRunner, slime_result
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = ROOT / "tests" / "fixtures" / "seed_recipe.yaml"
@@ -709,12 +710,13 @@ def test_recipe_records_the_launch_versions_and_throughput_basis():
     the step_time throughput beside it)."""
     from types import SimpleNamespace
 
-    from attune.reporting.recipe import _stack, _throughput_basis
+    from attune.reporting.recipe import _throughput_basis
+    from attune.runners.torch_runner import torch_rerun
 
     slime_cfg = SimpleNamespace(runner=SimpleNamespace(name="slime"), engine=get_engine("slime"))
-    s = _stack(slime_cfg, measured=True)
+    s = SlimePayload().rerun(seed_spec()).stack
     assert s["slime"].startswith("624b824a ") and s["megatron_lm"].startswith("1dcf0daf ")
-    assert "slime" not in _stack(SimpleNamespace(runner=SimpleNamespace(name="torch"), engine=get_engine("torch")), True)
+    assert "slime" not in torch_rerun(dataclasses.replace(seed_spec(), engine=get_engine("torch"))).stack
     res = slime_result(outcome((LOGS / "success_20steps.log").read_text()), seed_spec())
     best = SimpleNamespace(extra=res.extra)
     tp = _throughput_basis(slime_cfg, best, measured=True)

@@ -17,7 +17,7 @@ import pytest
 from attune.api.tune import default_out_dir, tune, tune_config
 from attune.cli import main
 from attune.recipe import lint, load_recipe, schema_errors
-from attune.reporting import CSV_FIELDS, run_block, trials_frame, write_csv
+from attune.reporting import CSV_FIELDS, rerun_of, trials_frame, write_csv
 from attune.search.records import INTERRUPTED, TrialRecord, records, study_counts
 from attune.search.space import SearchSpaceError, bundled_spaces, load_space
 from attune.search.tuner import Tuner
@@ -199,11 +199,12 @@ def test_recipe_run_block_is_the_measuring_runners(tmp_path):
     slime_cfg = tune_config(**FAST, out=tmp_path / "s")
     torch_cfg = tune_config(model="tiny-llama", gpus="2xcpu", runner="torch", out=tmp_path / "t")
     assert torch_cfg.engine.name == "torch" and torch_cfg.space.name == "small" and torch_cfg.trials == 3
-    run, env = run_block(slime_cfg, slime_cfg.baseline)
-    assert "train_async.py" in run and env
-    run, env = run_block(torch_cfg, torch_cfg.baseline)
-    assert run.startswith("attune run --runner torch --model tiny-llama --gpus 2xcpu") and env == {}
-    assert "--pipeline-model-parallel-size" in run
+    rerun = rerun_of(slime_cfg, slime_cfg.baseline)
+    assert "train_async.py" in rerun.command and rerun.env
+    assert rerun.stack["slime"].startswith("624b824a ") and "pytorch" not in rerun.stack
+    rerun = rerun_of(torch_cfg, torch_cfg.baseline)
+    assert rerun.command.startswith("attune run --runner torch --model tiny-llama --gpus 2xcpu") and rerun.env == {}
+    assert "--pipeline-model-parallel-size" in rerun.command and "slime" not in rerun.stack
 
 
 def test_stale_trials_failed_by_heartbeat(tmp_path):

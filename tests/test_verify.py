@@ -16,10 +16,11 @@ from attune.cli import main  # noqa: E402
 from attune.correctness import prose  # noqa: E402
 from attune.correctness.checks import optimizer_config  # noqa: E402
 from attune.correctness.verify import VerifyError, resolve_target, verify_recipe  # noqa: E402
-from attune.recipe import lint, load_recipe, write_recipe  # noqa: E402
+from attune.recipe import lint, load_recipe, validate_recipe, write_recipe  # noqa: E402
 from attune.recipe.codec import to_recipe_block  # noqa: E402
 from attune.runners.base import Capabilities, Runner, TrialResult  # noqa: E402
 from attune.runners.registry import get_runner  # noqa: E402
+from attune.runners.torch_runner import torch_rerun  # noqa: E402
 from attune.runners.slime.launch import slime_command  # noqa: E402
 from attune.spec.engine import get_engine  # noqa: E402
 from attune.spec.hardware import parse_cluster  # noqa: E402
@@ -69,6 +70,9 @@ class ScriptedRunner(Runner):
     def check(self, spec):
         return [] if spec.layout.tp == 1 else [f"TP {spec.layout.tp} not supported by the scripted runner"]
 
+    def rerun_command(self, spec):
+        return torch_rerun(spec)  # its arms stand for the torch trainer's
+
     def _execute(self, spec, trial_dir):
         self.specs.append(spec)
         w = spec.workload
@@ -82,7 +86,7 @@ class ScriptedRunner(Runner):
 def test_pipeline_on_scripted_runner_passes_with_failing_controls(tmp_path):
     runner = ScriptedRunner()
     seen: list[str] = []
-    v = verify_recipe(make_recipe(), runner, workdir=tmp_path / "w", steps=12, negative_control=True,
+    v = verify_recipe(validate_recipe(make_recipe()), runner, workdir=tmp_path / "w", steps=12, negative_control=True,
                       progress=seen.append)
     assert v.status == "verified" and v.passed and v.reasons == ()
     # the window rule is Workload.with_steps: 12 steps of the (5, 19) window -> (3, 11)
@@ -106,11 +110,13 @@ def test_pipeline_on_scripted_runner_passes_with_failing_controls(tmp_path):
 
 
 def test_pipeline_reports_a_drifting_candidate_and_a_blind_check(tmp_path):
-    drift = verify_recipe(make_recipe(), ScriptedRunner(candidate_shift=0.2), workdir=tmp_path / "a")
+    drift = verify_recipe(validate_recipe(make_recipe()), ScriptedRunner(candidate_shift=0.2),
+                          workdir=tmp_path / "a")
     assert drift.status == "failed" and not drift.convergence.passed
     assert any(r.startswith("convergence check failed (pointwise:") for r in drift.reasons)
     assert drift.correctness_block()["convergence"]["pointwise_failures"] == 20
-    blind = verify_recipe(make_recipe(), ScriptedRunner(blind=True), workdir=tmp_path / "b", negative_control=True)
+    blind = verify_recipe(validate_recipe(make_recipe()), ScriptedRunner(blind=True), workdir=tmp_path / "b",
+                          negative_control=True)
     assert blind.status == "failed"
     assert [c.observed for c in blind.negative_controls] == ["pass", "pass", "fail"]
     assert sum("negative control passed, so the check cannot detect it" in r for r in blind.reasons) == 2
@@ -210,7 +216,7 @@ def test_layout_breaking_a_rule_fails_configuration(tmp_path, capsys, monkeypatc
     r["layout"]["recompute"]["num_layers"] = 9  # block recompute of 9 layers on a 5-layer stage
     r["run"] = r["run"].replace("--recompute-num-layers 2", "--recompute-num-layers 9")
     runner = ScriptedRunner()
-    v = verify_recipe(copy.deepcopy(r), runner, steps=20, workdir=tmp_path / "w")
+    v = verify_recipe(validate_recipe(copy.deepcopy(r)), runner, steps=20, workdir=tmp_path / "w")
     assert v.status == "failed" and v.correctness_block()["result"] == "fail"
     assert v.correctness_block()["configuration"] == "fail"
     assert "block recompute of 9 layers" in v.summary
@@ -233,7 +239,7 @@ def test_layout_breaking_a_rule_fails_configuration(tmp_path, capsys, monkeypatc
 def test_run_block_disagreeing_with_layout_fails_configuration(tmp_path):
     r = make_recipe()
     r["run"] = r["run"].replace("--decoder-first-pipeline-num-layers 5", "--decoder-first-pipeline-num-layers 4")
-    v = verify_recipe(r, ScriptedRunner(), workdir=tmp_path / "w")
+    v = verify_recipe(validate_recipe(r), ScriptedRunner(), workdir=tmp_path / "w")
     assert v.configuration.result == "fail"
     assert any(e.startswith("lint") for e in v.configuration.errors)
 
@@ -244,8 +250,8 @@ def test_bad_input_exit_2(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no such recipe file" in err
     with pytest.raises(VerifyError, match="at least 3 steps"):
-        verify_recipe(make_recipe(), ScriptedRunner(), steps=2, workdir=tmp_path / "w")
+        verify_recipe(validate_recipe(make_recipe()), ScriptedRunner(), steps=2, workdir=tmp_path / "w")
     tp2 = make_recipe(Layout(tp=2, dp=1, max_tokens_per_gpu=256), "tiny-llama")
     with pytest.raises(VerifyError, match="candidate arm: TP 2 not supported by the torch runner"):
-        verify_recipe(tp2, "torch", workdir=tmp_path / "w2")
+        verify_recipe(validate_recipe(tp2), "torch", workdir=tmp_path / "w2")
     assert not (tmp_path / "reports").exists()  # bad input leaves nothing behind

@@ -12,6 +12,7 @@ from attune.api.target import Target
 from attune.errors import LayoutError, UserInputError
 from attune.runners.base import TrialResult, TrialSpec
 from attune.runners.registry import get_runner
+from attune.search.options import RunOptions
 from attune.spec.rules import check
 
 
@@ -34,7 +35,7 @@ def default_runs_dir() -> Path:
     return Path.cwd() / "reports" / "runs"
 
 
-def run_once(target: Target, *, runner: str = "torch", out_dir: str | Path | None = None,
+def run_once(target: Target, *, runner: str = RunOptions.runner, out_dir: str | Path | None = None,
              timeout_s: float | None = None, cluster_file: str | None = None,
              trial_number: int | None = None) -> RunOutcome:
     """Run ``target`` once on ``runner``; never raises for the run's own failure (see the result's status)."""

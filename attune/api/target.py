@@ -16,7 +16,7 @@ from attune.errors import UserInputError
 from attune.recipe.io import load_recipe
 from attune.recipe.target import RecipeTarget, recipe_target
 from attune.spec.baselines import baseline_layout
-from attune.spec.engine import get_engine
+from attune.spec.engine import DEFAULT_ENGINE, get_engine
 from attune.spec.flags import from_flags
 from attune.spec.hardware import Cluster, parse_cluster
 from attune.spec.layout import Workload
@@ -91,7 +91,7 @@ def resolve_target(*, model: str | None = None, gpus: str | None = None, gpus_pe
         raise UserInputError(f"{missing} required (or --recipe FILE, which names both)")
     m = load_model(model)
     cluster = parse_cluster(gpus, gpus_per_node, price)
-    eng = get_engine(engine or "slime")
+    eng = get_engine(engine or DEFAULT_ENGINE)
     wl = workload_with(base, seq=seq, global_batch=global_batch)
     ignored: tuple[str, ...] = ()
     if flags:

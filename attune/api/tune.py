@@ -21,19 +21,20 @@ from attune.api.target import batch_for_cluster
 from attune.correctness.verdict import Verdict, apply_verdict
 from attune.correctness.verify import verify_recipe, write_outputs
 from attune.errors import NoFeasibleLayout, UserInputError
-from attune.recipe import lint, write_recipe
+from attune.recipe import Recipe, lint, write_recipe
 from attune.reporting import build_recipe, recipe_path, write_csv, write_report
 from attune.reporting.precision_recipe import low_precision_recipe
-from attune.runners.registry import get_runner, runner_capabilities
+from attune.runners.registry import get_runner, resolve_runner, runner_capabilities
 from attune.search.precision_search import PrecisionComparison, allowed_recipes, compare
 from attune.search.interrupt import fail_left_running
 from attune.search.records import records, study_counts
 from attune.search.space import load_space
 from attune.api.outdir import OutDirError, check_out_dir, claim_out_dir
+from attune.search.options import TuneOptions
 from attune.search.storage import check_url, mask_url
 from attune.search.tuner import StudyError, TuneConfig, TuneOutcome, Tuner
 from attune.spec.baselines import baseline_layout
-from attune.spec.engine import get_engine
+from attune.spec.engine import DEFAULT_ENGINE, get_engine
 from attune.spec.hardware import parse_cluster
 from attune.spec.layout import Workload
 from attune.spec.precision import recipe_of
@@ -42,8 +43,6 @@ from attune.torchmodels.data import load_rows
 
 log = logging.getLogger(__name__)
 
-# the engine when neither the runner nor the caller names one (slime's launch, as the recipes are)
-DEFAULT_ENGINE = "slime"
 Progress = Callable[..., None]
 
 
@@ -51,16 +50,6 @@ def default_out_dir(model: str, gpus: str, now: dt.datetime | None = None) -> Pa
     """`reports/<model>-<gpus>-<UTC date>/` under the current working directory."""
     date = (now or dt.datetime.now(dt.timezone.utc)).strftime("%Y-%m-%d")
     return Path.cwd() / "reports" / f"{model}-{gpus}-{date}"
-
-
-def runner_name_for(runner: str, trial_kind: str = "slime") -> str:
-    """The registry name of `--runner R --trial-kind K`: a torch trial as a Ray job is the `ray-torch` runner."""
-    if trial_kind not in ("slime", "torch"):
-        raise UserInputError(f"trial kind '{trial_kind}': allowed slime, torch")
-    caps = runner_capabilities(runner)
-    if trial_kind == "torch" and caps.needs_cluster_file and caps.engine != "torch":
-        return "ray-torch"
-    return runner
 
 
 def _check_data(path: str | Path, seq_length: int, vocab: int) -> None:
@@ -75,20 +64,16 @@ def _check_data(path: str | Path, seq_length: int, vocab: int) -> None:
                              f"build them with `attune data build`") from None
 
 
-def tune_config(*, model: str, gpus: str, runner: str = "sim", trial_kind: str = "slime",
-                gpus_per_node: int | None = None, price: float | None = None, engine: str | None = None,
-                seq: int | None = None, global_batch: int | None = None, steps: int | None = None,
-                trials: int | None = None, candidates: int | None = None, search_space: str | None = None,
-                seed: int = 0, storage: str | None = None, study_name: str | None = None,
-                out: str | Path | None = None, slack: float = 0.8, timeout_s: float | None = None,
-                cluster_file: str | None = None, data: str | None = None, memory_headroom: float = 0.02,
-                heartbeat_interval_s: int | None = None, grace_period_s: int | None = None,
-                storage_timeout_s: float | None = None,
-                sampler: str = "model", recalibrate: bool = True, min_gain: float = 0.01, p_stop: float = 0.05,
-                budget_gpu_hours: float | None = None, measurements: str | Path | None = None) -> TuneConfig:
-    """The session's configuration from typed arguments (the CLI's options, one to one). The runner's declared
-    capabilities decide the engine, workload, search space, trial counts and baseline limits it needs."""
-    name = runner_name_for(runner, trial_kind)
+def tune_config(options: TuneOptions | None = None, /, **overrides) -> TuneConfig:
+    """The session's configuration from ``options`` (``TuneOptions(**overrides)`` when not given; with both, the
+    overrides replace fields of ``options``). The runner's declared capabilities decide the engine, workload, search
+    space, trial counts and baseline limits it needs."""
+    o = replace(options, **overrides) if options is not None else TuneOptions(**overrides)
+    (model, gpus, runner, gpus_per_node, price, engine, seq, global_batch, steps, search_space, seed, storage,
+     study_name, out, cluster_file, data, measurements) = (
+        o.model, o.gpus, o.runner, o.gpus_per_node, o.price, o.engine, o.seq, o.global_batch, o.steps, o.search_space,
+        o.seed, o.storage, o.study_name, o.out, o.cluster_file, o.data, o.measurements)
+    name = resolve_runner(runner, o.trial_kind)
     caps = runner_capabilities(name)
     if storage is not None:
         check_url(storage)  # a malformed URL or a missing folder is exit 2 before any work
@@ -119,7 +104,7 @@ def tune_config(*, model: str, gpus: str, runner: str = "sim", trial_kind: str =
         if not measurements:
             raise StudyError(f"the {runner} runner needs --measurements FILE (a CSV or YAML table; see the README)")
         opts.update(measurements=measurements, model=m, world_size=cluster.world_size)
-    if data is not None and name == "torch":
+    if data is not None and caps.engine == "torch" and not caps.needs_cluster_file:  # the trainer reads it here
         _check_data(data, wl.seq_length, m.vocab)  # before the first trial, not after four failed ones
     run = get_runner(name, **opts)
     base, note = baseline_layout(m, cluster, wl, eng, **caps.baseline_limits())
@@ -138,16 +123,15 @@ def tune_config(*, model: str, gpus: str, runner: str = "sim", trial_kind: str =
             # the default folder holds another study of today: the next free one (<default>-2, -3, ...)
             out_dir = check_out_dir(default_out_dir(m.name, cluster.spec).with_name(
                 f"{default_out_dir(m.name, cluster.spec).name}-{n}"))
-    extra = {k: v for k, v in (("heartbeat_interval_s", heartbeat_interval_s), ("grace_period_s", grace_period_s),
-                               ("storage_timeout_s", storage_timeout_s)) if v is not None}
     return TuneConfig(model=m, cluster=cluster, engine=eng, workload=wl, space=space, runner=run, baseline=base,
-                      baseline_note=note, workload_note=workload_note, trials=trials or caps.default_trials,
-                      candidates=candidates or caps.default_candidates, slack=slack, seed=seed,
+                      baseline_note=note, workload_note=workload_note, trials=o.trials or caps.default_trials,
+                      candidates=o.candidates or caps.default_candidates, slack=o.slack, seed=seed,
                       storage=storage or f"sqlite:///{(out_dir / 'study.db').resolve()}",
                       study_name=name_of_study,
-                      out_dir=out_dir, timeout_s=timeout_s, headroom=memory_headroom, data_path=data,
-                      sampler=sampler, recalibrate=recalibrate, min_gain=min_gain, p_stop=p_stop,
-                      budget_gpu_hours=budget_gpu_hours, **extra)
+                      out_dir=out_dir, timeout_s=o.timeout_s, headroom=o.memory_headroom, data_path=data,
+                      sampler=o.sampler, recalibrate=o.recalibrate, min_gain=o.min_gain, p_stop=o.p_stop,
+                      budget_gpu_hours=o.budget_gpu_hours, heartbeat_interval_s=o.heartbeat_interval_s,
+                      grace_period_s=o.grace_period_s, storage_timeout_s=o.storage_timeout_s)
 
 
 @dataclass(kw_only=True)
@@ -158,7 +142,7 @@ class TuneResult:
     """The resolved configuration of the session."""
     outcome: TuneOutcome
     """The study, its best and baseline trials, this session's counts and wall time."""
-    recipe: dict
+    recipe: Recipe
     """The winner as a recipe (after verification when it ran)."""
     recipe_path: Path
     """out_dir/recipe.yaml."""
@@ -225,7 +209,7 @@ def _no_feasible(cfg: TuneConfig, outcome: TuneOutcome) -> NoFeasibleLayout:
     return NoFeasibleLayout(msg + f"; {c.estimated} candidates estimated")
 
 
-def verify_winner(cfg: TuneConfig, recipe: dict, progress: Progress | None = None) -> tuple[dict, Verdict]:
+def verify_winner(cfg: TuneConfig, recipe: Recipe, progress: Progress | None = None) -> tuple[Recipe, Verdict]:
     """Verify a measured winner against the study's baseline layout (convergence + component tests); returns
     the recipe with the verdict applied and the verdict (also written to out_dir/verify/)."""
     say = (lambda m: progress(m)) if progress else None
@@ -285,40 +269,14 @@ def run_tuning(cfg: TuneConfig, *, verify: bool = True, save_recipe: bool = Fals
                       low_precision_recipe_path=low_path)
 
 
-def tune(*, model: str, gpus: str, verify: bool = True, save_recipe: bool = False,
-         recipes_root: str | Path | None = None, progress: Progress | None = None,
-         allow_numerics: tuple[str, ...] | list[str] = (), **options) -> TuneResult:
-    """`attune tune`: `tune_config(model=..., gpus=..., **options)` then `run_tuning`. Raises
-    NoFeasibleLayout (exit 1) when no layout fits, UserInputError subclasses (exit 2) for bad input."""
-    cfg = tune_config(model=model, gpus=gpus, **options)
-    return run_tuning(cfg, verify=verify, save_recipe=save_recipe, recipes_root=recipes_root, progress=progress,
-                      allow_numerics=allow_numerics)
+def tune(options: TuneOptions | None = None, /, *, recipes_root: str | Path | None = None,
+         progress: Progress | None = None, **overrides) -> TuneResult:
+    """`attune tune`: `tune_config(options, **overrides)` then `run_tuning` with the options' ``verify``,
+    ``save_recipe`` and ``allow_numerics``. Raises NoFeasibleLayout (exit 1) when no layout fits, UserInputError
+    subclasses (exit 2) for bad input."""
+    o = replace(options, **overrides) if options is not None else TuneOptions(**overrides)
+    return run_tuning(tune_config(o), verify=o.verify, save_recipe=o.save_recipe, recipes_root=recipes_root,
+                      progress=progress, allow_numerics=o.allow_numerics)
 
 
-def config_from_args(args) -> TuneConfig:
-    """`tune_config` with the options of `attune tune`'s parsed command line (an argparse Namespace)."""
-    return tune_config(model=args.model, gpus=args.gpus, runner=args.runner,
-                       trial_kind=getattr(args, "trial_kind", "slime"), gpus_per_node=args.gpus_per_node,
-                       price=args.price, engine=args.engine, seq=args.seq, global_batch=args.global_batch,
-                       steps=args.steps, trials=args.trials, candidates=args.candidates,
-                       search_space=args.search_space, seed=args.seed, storage=args.storage,
-                       study_name=args.study_name, out=args.out, slack=args.slack, timeout_s=args.timeout,
-                       cluster_file=args.cluster, data=getattr(args, "data", None),
-                       memory_headroom=args.memory_headroom, sampler=getattr(args, "sampler", "model"),
-                       recalibrate=not getattr(args, "no_recalibrate", False), min_gain=getattr(args, "min_gain", 0.01),
-                       p_stop=getattr(args, "p_stop", 0.05), budget_gpu_hours=getattr(args, "budget_gpu_hours", None),
-                       measurements=getattr(args, "measurements", None),
-                       storage_timeout_s=getattr(args, "storage_timeout", None),
-                       heartbeat_interval_s=getattr(args, "heartbeat", None),
-                       grace_period_s=getattr(args, "grace_period", None))
-
-
-def tune_from_args(args, progress: Progress | None = None) -> TuneResult:
-    """`run_tuning(config_from_args(args))` with `--no-verify` and `--save-recipe`."""
-    return run_tuning(config_from_args(args), verify=not args.no_verify,
-                      save_recipe=getattr(args, "save_recipe", False), progress=progress,
-                      allow_numerics=getattr(args, "allow_numerics", None) or ())
-
-
-__all__ = ["tune", "tune_config", "run_tuning", "config_from_args", "tune_from_args", "TuneResult", "default_out_dir", "verify_winner",
-           "runner_name_for"]
+__all__ = ["tune", "tune_config", "run_tuning", "TuneOptions", "TuneResult", "default_out_dir", "verify_winner"]

@@ -24,9 +24,10 @@ from pathlib import Path
 from attune.api.outdir import check_out_dir
 from attune.correctness.verdict import Verdict, apply_verdict
 from attune.correctness.verify import VerifyError, reference_layout_of, resolve_target, verify_recipe, write_outputs
-from attune.recipe import load_recipe, write_recipe
+from attune.recipe import load_recipe_model, write_recipe
 from attune.runners.base import Runner
 from attune.runners.registry import get_runner
+from attune.search.options import VerifyOptions
 
 # The sidecar beside the recipe (negative controls the recipe schema cannot hold).
 SIDECAR = "verify.json"
@@ -69,8 +70,9 @@ def default_out_dir(recipe_path: str | Path, now: dt.datetime | None = None) -> 
     return Path.cwd() / "reports" / "verify" / f"{Path(recipe_path).stem}-{stamp}"
 
 
-def verify(recipe_path: str | Path, *, runner: str | Runner = "torch", steps: int = 20, out_dir: str | Path | None = None,
-           negative_control: bool = False, reference: str | Path | None = None, cluster_file: str | None = None,
+def verify(recipe_path: str | Path, *, runner: str | Runner = VerifyOptions.runner, steps: int = VerifyOptions.steps,
+           out_dir: str | Path | None = None, negative_control: bool = False, reference: str | Path | None = None,
+           cluster_file: str | None = None,
            progress: Callable[[str], None] | None = None, in_place: bool = False) -> VerifyOutcome:
     """Verify the recipe at ``recipe_path`` on ``runner`` and write the verdict into it.
 
@@ -85,14 +87,14 @@ def verify(recipe_path: str | Path, *, runner: str | Runner = "torch", steps: in
     out = check_out_dir(out_dir if out_dir is not None else default_out_dir(path))
     if in_place and not os.access(path, os.W_OK):
         raise VerifyError(f"{recipe_path}: --in-place but the recipe file is not writable")
-    recipe = load_recipe(path)
+    recipe = load_recipe_model(path)
     r = get_runner(runner, **({"cluster_file": cluster_file} if cluster_file else {})) if isinstance(runner, str) else runner
     ref_layout = ref_source = None
     if reference is not None:
         rp = Path(reference)
         if not rp.is_file():
             raise VerifyError(f"{reference}: no such reference recipe file")
-        ref_layout = reference_layout_of(load_recipe(rp), resolve_target(recipe, r, steps))
+        ref_layout = reference_layout_of(load_recipe_model(rp), resolve_target(recipe, r, steps))
         ref_source = f"the layout of reference recipe {reference}"
     verdict = verify_recipe(recipe, r, workdir=out, reference_layout=ref_layout, reference_source=ref_source,
                             steps=steps, negative_control=negative_control, progress=progress)

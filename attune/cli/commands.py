@@ -22,11 +22,13 @@ from attune.recipe import has_errors, lint, load_recipe, render
 from attune.runners.ray.cluster import load_cluster
 from attune.runners.slime.launch import command_for_recipe
 from attune.runners.slime.logparse import format_summary, parse_slime_log
+from attune.search.options import RunOptions, TuneOptions, VerifyOptions
 from attune.search.storage import mask_url
 from attune.spec.hardware import GPUS, detect_local_gpus
 from attune.spec.model import bundled_names, load_model
 
 from . import render as out
+from .options import options_from_args
 
 
 def _finite(x):
@@ -91,13 +93,13 @@ def cmd_gpus(args) -> int:
 
 
 def cmd_run(args) -> int:
-    if args.out is not None:
-        check_out_dir(args.out)  # before any work
-    caps = api.runner_capabilities(args.runner)
-    target = _target(args, steps=args.steps, base_workload=caps.default_workload,
+    o = options_from_args(RunOptions, args)
+    if o.out is not None:
+        check_out_dir(o.out)  # before any work
+    caps = api.runner_capabilities(o.runner)
+    target = _target(args, steps=o.steps, base_workload=caps.default_workload,
                      max_tp=caps.max_tp, max_cp=caps.max_cp, engine=caps.engine)
-    outcome = api.run_once(target, runner=args.runner, out_dir=args.out, timeout_s=args.timeout,
-                           cluster_file=args.cluster)
+    outcome = api.run_once(target, runner=o.runner, out_dir=o.out, timeout_s=o.timeout_s, cluster_file=o.cluster_file)
     res = outcome.result
     if args.json:
         print(_json(res.to_dict(), indent=2, default=str))
@@ -113,7 +115,8 @@ def cmd_run(args) -> int:
 
 def cmd_tune(args) -> int:
     con = out.console()
-    cfg = tune_api.config_from_args(args)
+    opts = options_from_args(TuneOptions, args)
+    cfg = tune_api.tune_config(opts)
     con.print(f"attune tune: {cfg.model.name} on {cfg.cluster.spec}, runner {cfg.runner.name}, "
               f"{cfg.trials} measured trials, study '{cfg.study_name}' in {mask_url(cfg.storage)}", highlight=False)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -125,10 +128,10 @@ def cmd_tune(args) -> int:
                 prog.update(task, completed=min(completed, cfg.trials))
             prog.update(task, description=msg[:100])
 
-        result = tune_api.run_tuning(cfg, verify=not args.no_verify, save_recipe=args.save_recipe,
-                                     progress=progress, allow_numerics=getattr(args, "allow_numerics", None) or ())
+        result = tune_api.run_tuning(cfg, verify=opts.verify, save_recipe=opts.save_recipe, progress=progress,
+                                     allow_numerics=opts.allow_numerics)
     if result.verdict is not None:
-        con.print(f"correctness: {result.recipe['correctness']['result']}; status {result.recipe['status']}",
+        con.print(f"correctness: {result.recipe.correctness.result}; status {result.recipe.status}",
                   highlight=False)
     for line in result.summary_lines():
         con.print(line, highlight=False, markup=False)
@@ -136,9 +139,10 @@ def cmd_tune(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    outcome = verify_recipe_file(args.recipe, runner=args.runner, steps=args.steps, out_dir=args.out,
-                                 negative_control=args.negative_control, reference=args.reference,
-                                 cluster_file=args.cluster, progress=print, in_place=args.in_place)
+    o = options_from_args(VerifyOptions, args)
+    outcome = verify_recipe_file(o.recipe, runner=o.runner, steps=o.steps, out_dir=o.out,
+                                 negative_control=o.negative_control, reference=o.reference,
+                                 cluster_file=o.cluster_file, progress=print, in_place=o.in_place)
     print(f"{outcome.recipe_path}: status {outcome.status}; arms and losses in {outcome.out_dir}")
     if outcome.in_place_refused:
         print(f"attune verify: {outcome.source_path} {outcome.in_place_refused}", file=sys.stderr)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
+
+from attune.search.options import cli_fields
 
 
 def _ranged(cast, ok, rule: str):
@@ -37,3 +40,47 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):  # noqa: D401 - argparse's hook
         self.exit(2, f"attune: error: {self.prog}: {message}\n")
+
+
+_KINDS = {"positive_int": positive_int, "nonnegative_int": nonnegative_int, "positive_float": positive_float,
+          "fraction": fraction, "unit_interval": unit_interval}
+
+
+def _default_text(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def add_options(p: argparse.ArgumentParser, cls: type, *, names: tuple[str, ...] | None = None,
+                required: bool = True) -> None:
+    """The options of dataclass ``cls`` (attune.search.options) on ``p``: flag, type, choices and default from each
+    field, the help from its docstring. ``names``: only these fields; ``required=False``: none is required."""
+    for f, cli, doc in cli_fields(cls):
+        if names is not None and f.name not in names:
+            continue
+        if cli.positional:
+            p.add_argument(f.name, help=doc)
+            continue
+        flag = cli.flag or "--" + f.name.replace("_", "-")
+        kw: dict = {"dest": f.name, "help": doc}
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory() \
+            if f.default_factory is not dataclasses.MISSING else None
+        if cli.switch:
+            kw.update(action="store_true" if cli.switch == "on" else "store_false", default=default)
+        elif cli.append:
+            kw.update(action="append", default=default, metavar=cli.metavar)
+        else:
+            kw.update(default=default, required=cli.required and required)
+            if cli.kind:
+                kw["type"] = _KINDS[cli.kind]
+            if cli.choices is not None:
+                kw["choices"] = list(cli.choices)
+            if cli.choices is None:
+                kw["metavar"] = cli.metavar or flag.lstrip("-").replace("-", "_").upper()
+            if default is not None and "(default" not in doc:
+                kw["help"] = f"{doc} (default {_default_text(default)})"
+        p.add_argument(flag, **kw)
+
+
+def options_from_args(cls: type, args: argparse.Namespace):
+    """The ``cls`` options of a command line parsed by a parser ``add_options(p, cls)`` built."""
+    return cls(**{f.name: getattr(args, f.name) for f, _, _ in cli_fields(cls)})

@@ -4,24 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+from attune.search.options import RunOptions, TargetOptions, TuneOptions, VerifyOptions
 from attune.search.storage import CONNECT_TIMEOUT_S
-from attune.spec.engine import ENGINES as ENGINE_TABLE
 
 from . import commands as c
-from .options import Parser, fraction, nonnegative_int, positive_float, positive_int, unit_interval
-
-ENGINES = list(ENGINE_TABLE)  # one owner: attune.spec.engine
-RUNNERS = ["sim", "torch", "slime"]
+from .options import Parser, add_options, nonnegative_int, positive_float, positive_int
 
 
 def _target_args(p: argparse.ArgumentParser, required: bool = True) -> None:
-    p.add_argument("--model", required=required, help="bundled model name or a config.json path")
-    p.add_argument("--gpus", required=required, help="cluster: 8xH200, 16xH100, 2x8xH100, 2xcpu")
-    p.add_argument("--gpus-per-node", type=positive_int, default=None, help="GPUs per node (default: the GPU type's, 8)")
-    p.add_argument("--engine", default=None, choices=ENGINES, help="training engine (default slime)")
-    p.add_argument("--seq", type=positive_int, default=None, help="tokens per row (default 8192)")
-    p.add_argument("--global-batch", type=positive_int, default=None, help="rows per optimizer step (default 128)")
-    p.add_argument("--price", type=positive_float, default=None, help="USD per GPU-hour (default: the GPU table's)")
+    add_options(p, TargetOptions, required=required)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -54,77 +45,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=c.cmd_gpus)
 
     s = sub.add_parser("tune", help="search layouts with an Optuna study and write the winner as a recipe")
-    _target_args(s)
-    s.add_argument("--runner", default="sim", choices=RUNNERS + ["replay"])
-    s.add_argument("--trials", type=positive_int, default=None, help="target number of measured trials in the study")
-    s.add_argument("--search-space", default=None, help="search space: a bundled name (dense, small) or a YAML path")
-    s.add_argument("--seed", type=nonnegative_int, default=0, help="sampler seed")
-    s.add_argument("--storage", default=None, help="Optuna storage URL (default: SQLite study.db in --out)")
-    s.add_argument("--storage-timeout", type=positive_float, default=CONNECT_TIMEOUT_S,
-                   help=f"database connection timeout, s (default {CONNECT_TIMEOUT_S:g})")
-    s.add_argument("--study-name", default=None)
-    s.add_argument("--heartbeat", type=positive_int, default=None,
-                   help="seconds between a measured trial's heartbeats (default 5)")
-    s.add_argument("--grace-period", type=positive_int, default=None,
-                   help="heartbeat silence after which another tuner fails a trial as stale, s (default 20)")
-    s.add_argument("--out", default=None, help="output folder (default ./reports/<model>-<gpus>-<UTC date>/)")
-    s.add_argument("--candidates", type=positive_int, default=None, help="proposals to estimate per measured trial")
-    s.add_argument("--slack", type=unit_interval, default=0.8,
-                   help="skip candidates predicted slower than this fraction of the best measured so far")
-    s.add_argument("--steps", type=positive_int, default=None, help="training steps per measured trial")
-    s.add_argument("--timeout", type=positive_float, default=None, help="seconds per trial before it is killed")
-    s.add_argument("--cluster", default=None, help="cluster YAML for the slime runner")
-    s.add_argument("--data", default=None,
-                   help="packed rows (parquet from attune data build) for measured trials; default: seeded synthetic rows")
-    s.add_argument("--trial-kind", default="slime", choices=["slime", "torch"],
-                   help="slime runner: what each Ray job runs (torch: the torch runner's trial, for local Ray heads)")
-    s.add_argument("--memory-headroom", type=fraction, default=0.02,
-                   help="fraction of GPU memory kept free when judging a predicted fit (default 0.02)")
-    s.add_argument("--sampler", default="model", choices=["model", "tpe"],
-                   help="model: expected improvement under the study's recalibrated model (default); tpe: plain TPE")
-    s.add_argument("--no-recalibrate", action="store_true",
-                   help="model sampler: do not refit the model to the study's measurements")
-    s.add_argument("--min-gain", type=fraction, default=0.01,
-                   help="stop rule: the gain over the best measured worth a trial, a fraction (default 0.01)")
-    s.add_argument("--p-stop", type=fraction, default=0.05,
-                   help="stop rule: stop when no layout has more than this probability of that gain (default 0.05)")
-    s.add_argument("--budget-gpu-hours", type=positive_float, default=None,
-                   help="stop once the measured trials have used this many GPU-hours")
-    s.add_argument("--measurements", default=None,
-                   help="replay runner: the table of measured outcomes (CSV or YAML, or an earlier trials.csv)")
-    s.add_argument("--allow-numerics", action="append", default=[], metavar="PRECISION",
-                   help="also search low precision, a numerics change (fp8, or fp8-delayed, fp8-tensorwise, "
-                        "fp8-blockwise, mxfp8, nvfp4): the report sets the best one beside the bf16 best")
-    s.add_argument("--no-verify", action="store_true", help="skip the correctness check of the winner")
-    s.add_argument("--save-recipe", action="store_true",
-                   help="also copy the recipe into ./recipes/<model>/<gpu>/ (tracked recipes are never written otherwise)")
+    add_options(s, TuneOptions)
     _common(s)
     s.set_defaults(func=c.cmd_tune)
 
     s = sub.add_parser("run", help="one measured run of a layout")
-    _target_args(s, required=False)
-    s.add_argument("--runner", default="torch", choices=RUNNERS)
-    s.add_argument("--recipe")
-    s.add_argument("--steps", type=positive_int, default=20)
-    s.add_argument("--timeout", type=positive_float, default=None)
-    s.add_argument("--out", default=None, help="output folder (default ./reports/runs/<model>-<layout>-<stamp>/)")
-    s.add_argument("--cluster", default=None)
+    add_options(s, RunOptions, required=False)
     s.add_argument("--json", action="store_true")
     s.add_argument("flags", nargs=argparse.REMAINDER)
     _common(s)
     s.set_defaults(func=c.cmd_run)
 
     s = sub.add_parser("verify", help="correctness check of a recipe; marks it verified or failed")
-    s.add_argument("recipe")
-    s.add_argument("--runner", default="torch", choices=["torch", "slime"])
-    s.add_argument("--reference", default=None, help="reference recipe (default: the model's baseline layout)")
-    s.add_argument("--steps", type=positive_int, default=20)
-    s.add_argument("--negative-control", action="store_true")
-    s.add_argument("--cluster", default=None)
-    s.add_argument("--out", default=None, help="output folder (default ./reports/verify/<stamp>/); the verdict's "
-                                               "recipe is written there as recipe.yaml")
-    s.add_argument("--in-place", action="store_true",
-                   help="rewrite the recipe file itself with the verdict (only after a measured verdict)")
+    add_options(s, VerifyOptions)
     _common(s)
     s.set_defaults(func=c.cmd_verify)
 

@@ -8,7 +8,7 @@ import warnings
 from attune.correctness.component import decoder_layer_shapes, describe_shapes, run_component_test
 from attune.correctness.rules import diff_args, load_rules, required_tests, unverified_reasons
 from attune.correctness.verdict import ComponentCheck, ConfigurationCheck, FlagDiff, RulesCheck
-from attune.recipe import lint
+from attune.recipe import Recipe, lint
 from attune.spec.engine import Engine
 from attune.spec.flags import to_flags
 from attune.spec.layout import Layout, Workload
@@ -25,7 +25,7 @@ def _under(path: str, prefix: str) -> bool:
     return path == prefix or path.startswith(prefix + ".") or path.startswith(prefix + "[")
 
 
-def configuration_check(recipe: dict, model: ModelSpec, world_size: int, engine: Engine, layout: Layout,
+def configuration_check(recipe: Recipe, model: ModelSpec, world_size: int, engine: Engine, layout: Layout,
                         workload: Workload) -> ConfigurationCheck:
     """Check 1: `attune.spec.rules.check` on the layout, and `attune.recipe.lint` on the recipe.
 

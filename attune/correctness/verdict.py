@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from attune.correctness.component import ComponentResult
 from attune.correctness.convergence import ConvergenceResult, round_sig
+from attune.recipe.models import Correctness, Recipe, validate_block
 from attune.runners.base import TrialResult
 from attune.spec.layout import Layout
 
@@ -287,11 +288,10 @@ class Verdict:
         return out
 
 
-def apply_verdict(recipe: dict, verdict: Verdict) -> dict:
+def apply_verdict(recipe: Recipe, verdict: Verdict) -> Recipe:
     """A copy of `recipe` with verify's status, correctness block and stack (the recipe itself is not changed)."""
-    out = dict(recipe)
-    out["status"] = verdict.status
-    out["correctness"] = verdict.correctness_block()
+    update: dict[str, Any] = {"status": verdict.status,
+                              "correctness": validate_block(verdict.correctness_block(), Correctness, "correctness")}
     if verdict.stack:
-        out["stack"] = verdict.stack
-    return out
+        update["stack"] = dict(verdict.stack)
+    return recipe.model_copy(update=update)

@@ -33,11 +33,12 @@ from attune.correctness.precision_check import precision_component, precision_co
 from attune.correctness.verdict import (ArmRun, ComponentCheck, ConfigurationCheck, ConvergenceCheck,
                                         NegativeControl, RulesCheck, Verdict, one_line)
 from attune.errors import UserInputError
-from attune.recipe import schema_errors
+from attune.recipe.models import Correctness, Recipe, schema_issues
 from attune.recipe.target import RecipeTarget, recipe_target
 from attune.runners.base import Runner
 from attune.runners.registry import get_runner
 from attune.runners.slime import stack_probe
+from attune.search.options import VerifyOptions
 from attune.spec.baselines import baseline_layout
 from attune.spec.layout import Layout
 from attune.spec.rules import derive_dp
@@ -58,7 +59,7 @@ class VerifyError(UserInputError):
 
 
 # ---------------------------------------------------------------------- step 1: the target
-def resolve_target(recipe: dict, runner: Runner, steps: int) -> RecipeTarget:
+def resolve_target(recipe: Recipe, runner: Runner, steps: int) -> RecipeTarget:
     """The recipe's target on the runner's engine, its workload run for `steps` steps."""
     if steps < MIN_STEPS:
         raise VerifyError(f"--steps {steps}: the convergence check needs at least {MIN_STEPS} steps")
@@ -68,10 +69,10 @@ def resolve_target(recipe: dict, runner: Runner, steps: int) -> RecipeTarget:
     return replace(t, workload=t.workload.with_steps(steps))
 
 
-def reference_layout_of(reference_recipe: dict, target: RecipeTarget) -> Layout:
+def reference_layout_of(reference_recipe: Recipe, target: RecipeTarget) -> Layout:
     """A reference recipe's layout for the candidate's model, its DP derived for the candidate's cluster."""
-    if str(reference_recipe.get("model", "")).lower() != target.model.name.lower():
-        raise VerifyError(f"reference recipe is for {reference_recipe.get('model')!r}, "
+    if reference_recipe.model.lower() != target.model.name.lower():
+        raise VerifyError(f"reference recipe is for {reference_recipe.model!r}, "
                           f"the candidate for {target.model.name!r}")
     lay = recipe_target(reference_recipe, engine=target.engine.name, gpus=target.cluster.spec).layout
     world = target.cluster.world_size
@@ -109,15 +110,14 @@ def reference_text(target: RecipeTarget, reference: Layout, source: str) -> str:
 
 
 # ---------------------------------------------------------------------- step 7: the verdict
-def failure_reasons(*, measured: bool, runner: str, recipe: dict, convergence: ConvergenceCheck,
+def failure_reasons(*, measured: bool, runner: str, recipe: Recipe, convergence: ConvergenceCheck,
                     component: ComponentCheck, rules: RulesCheck, controls: list[NegativeControl],
                     precision=None) -> list[str]:
     """Every reason the recipe is not verified ([] when it is)."""
     reasons: list[str] = []
     if not measured:
         reasons.append(f"the {runner} runner does not measure (nothing ran)")
-    res_block = recipe.get("result") if isinstance(recipe.get("result"), dict) else {}
-    if res_block.get("tokens_per_s_per_gpu") is None or res_block.get("measured") in (None, ""):
+    if recipe.result.tokens_per_s_per_gpu is None or recipe.result.measured in (None, ""):
         reasons.append("the recipe has no measured result (result.tokens_per_s_per_gpu and result.measured)")
     if not convergence.passed:
         why = "; ".join(convergence.comparison.reasons) if convergence.comparison else convergence.note
@@ -145,12 +145,12 @@ def pass_summary(convergence: ConvergenceCheck, component: ComponentCheck, contr
     return s
 
 
-def controls_fit_recipe(recipe: dict, controls: list[NegativeControl]) -> bool:
+def controls_fit_recipe(controls: list[NegativeControl]) -> bool:
     """Whether the recipe schema accepts the `negative_controls` block (else they go to a sidecar file)."""
     if not controls:
         return True
-    trial = dict(recipe, correctness={"result": "pass", "negative_controls": [c.to_record() for c in controls]})
-    return not any("negative_controls" in e for e in schema_errors(trial))
+    block = {"result": "pass", "negative_controls": [c.to_record() for c in controls]}
+    return not any(path.startswith("negative_controls") for path, _ in schema_issues(block, Correctness))
 
 
 def stack_block(target: RecipeTarget) -> dict:
@@ -164,7 +164,7 @@ def stack_block(target: RecipeTarget) -> dict:
 # ---------------------------------------------------------------------- the pipeline
 @dataclass(frozen=True, kw_only=True)
 class _Context:
-    recipe: dict
+    recipe: Recipe
     runner: Runner
     target: RecipeTarget
     workdir: Path
@@ -184,18 +184,19 @@ def _reporter(progress: Progress | None) -> Progress:
     return say
 
 
-def verify_recipe(recipe: dict, runner: Runner | str = "torch", *, workdir: str | Path,
-                  reference_layout: Layout | None = None, reference_source: str | None = None, steps: int = 20,
+def verify_recipe(recipe: Recipe, runner: Runner | str = VerifyOptions.runner, *, workdir: str | Path,
+                  reference_layout: Layout | None = None, reference_source: str | None = None,
+                  steps: int = VerifyOptions.steps,
                   negative_control: bool = False, progress: Progress | None = None) -> Verdict:
-    """Verify a recipe dict (not changed) by training its arms in `workdir`; returns the `Verdict`.
+    """Verify a recipe (not changed) by training its arms in `workdir`; returns the `Verdict`.
 
     runner: a runner or a registry name. reference_layout: the reference arm's layout (default: the model's
     baseline within the runner's limits), described by `reference_source`. progress: called with one line
     per finished step (also logged at INFO). Raises `VerifyError` for bad input; a failing check is a
     verdict with status `failed`, not an exception.
     """
-    if not isinstance(recipe, dict):
-        raise VerifyError("recipe must be a mapping")
+    if not isinstance(recipe, Recipe):
+        raise VerifyError(f"recipe must be a Recipe (attune.recipe.validate_recipe), got {type(recipe).__name__}")
     runner = get_runner(runner) if isinstance(runner, str) else runner
     target = resolve_target(recipe, runner, steps)
     workdir = Path(workdir)
@@ -271,7 +272,7 @@ def _run_checks(ctx: _Context, conf: ConfigurationCheck, reference: Layout, sour
                 reasons=tuple(reasons), configuration=conf, reference_layout=reference,
                 reference=reference_text(t, reference, source), convergence=conv, component=comp, rules=rules,
                 rules_text=prose.rules_text(rules), negative_controls=tuple(controls),
-                controls_in_recipe=controls_fit_recipe(ctx.recipe, controls), arms=runs, stack=stack_block(t),
+                controls_in_recipe=controls_fit_recipe(controls), arms=runs, stack=stack_block(t),
                 **ctx.common())
     ctx.say(prose.result_line(v))
     return v

@@ -27,17 +27,15 @@ from attune.errors import RecipeError, UserInputError
 from attune.recipe.codec import from_recipe_blocks
 from attune.recipe.models import Gpu, LayoutBlock, Recipe, Result, WorkloadBlock, validate_block
 from attune.recipe.runblock import parse_run, unclosed_quote
-from attune.spec.engine import Engine, get_engine
+from attune.spec.engine import DEFAULT_ENGINE, Engine, get_engine
 from attune.spec.flags import LAYOUT_FLAGS, WORKLOAD_FLAGS
 from attune.spec.hardware import Cluster, parse_cluster
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec, load_model
 from attune.spec.rules import check, derive_dp
 
-__all__ = ["RecipeTarget", "recipe_target", "HYPER_PARAMETERS", "DEFAULT_ENGINE"]
+__all__ = ["RecipeTarget", "recipe_target", "HYPER_PARAMETERS"]
 
-# The engine a recipe runs on unless the caller says otherwise: a recipe's `run` block is a slime launch.
-DEFAULT_ENGINE = "slime"
 # Workload fields a recipe's run flags set (the optimizer's hyper-parameters and the seed); the flag of
 # each comes from attune.spec.flags' table. Batch and row length come from the workload block instead.
 HYPER_PARAMETERS = ("lr", "min_lr", "lr_decay_style", "warmup_fraction", "weight_decay", "adam_beta1",
@@ -68,18 +66,35 @@ def _one_line(text: Any) -> str:
     return " ".join(str(text).split()) or "unknown error"
 
 
-def _as_mapping(recipe: Any, source: str) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class _Parts:
+    """The blocks recipe_target reads, typed: a Recipe's own, or those of a mapping as read (each block validated
+    where it is read, so a message names its path)."""
+
+    layout: LayoutBlock
+    workload: WorkloadBlock | None
+    result: Result | None
+    run: Any
+
+
+def _parts(recipe: Any, source: str) -> _Parts:
     if isinstance(recipe, Recipe):
-        return recipe.to_dict()
-    if not isinstance(recipe, dict):
-        raise RecipeError(f"{source}: expected a mapping of recipe fields, got {type(recipe).__name__}")
-    return recipe
+        return _Parts(layout=recipe.layout, workload=recipe.workload,
+                      result=recipe.result, run=recipe.run)
+    if "layout" not in recipe:
+        raise RecipeError(f"{source} layout: required key is missing")
+    r = recipe
+    return _Parts(layout=validate_block(r["layout"], LayoutBlock, "layout", source),
+                  workload=validate_block(r["workload"], WorkloadBlock, "workload", source)
+                  if r.get("workload") is not None else None,
+                  result=validate_block(r["result"], Result, "result", source) if r.get("result") is not None else None,
+                  run=r.get("run"))
 
 
-def _model(recipe: dict, override: str | ModelSpec | None, source: str) -> ModelSpec:
+def _model(name: Any, override: str | ModelSpec | None, source: str) -> ModelSpec:
     if isinstance(override, ModelSpec):
         return override
-    name = override if override is not None else recipe.get("model")
+    name = override if override is not None else name
     if override is None and not (isinstance(name, str) and name):
         raise RecipeError(f"{source} model: required key is missing (a bundled model name or a config.json path)")
     try:
@@ -88,14 +103,14 @@ def _model(recipe: dict, override: str | ModelSpec | None, source: str) -> Model
         raise RecipeError(f"{source} model: {_one_line(e)}") from None
 
 
-def _cluster(recipe: dict, override: str | Cluster | None, source: str) -> Cluster:
+def _cluster(gpu: Any, override: str | Cluster | None, source: str) -> Cluster:
     if isinstance(override, Cluster):
         return override
     if override is not None:
         return parse_cluster(override)
-    if "gpu" not in recipe:
+    if gpu is None:
         raise RecipeError(f"{source} gpu: required key is missing (count and type of the GPUs)")
-    gpu = validate_block(recipe["gpu"], Gpu, "gpu", source)
+    gpu = validate_block(gpu, Gpu, "gpu", source)
     per = gpu.per_node if gpu.per_node is not None else gpu.count
     if gpu.count % per:
         raise RecipeError(f"{source} gpu.count: {gpu.count} GPUs is not a multiple of gpu.per_node {per}")
@@ -105,9 +120,8 @@ def _cluster(recipe: dict, override: str | Cluster | None, source: str) -> Clust
         raise RecipeError(f"{source} gpu: {_one_line(e)}") from None
 
 
-def _run_flags(recipe: dict, source: str) -> dict[str, str | None] | None:
+def _run_flags(run: Any, source: str) -> dict[str, str | None] | None:
     """The run block's flags (flag -> value, None for a switch); None without a run block."""
-    run = recipe.get("run")
     if run is None:
         return None
     if not isinstance(run, str):
@@ -186,17 +200,15 @@ def recipe_target(recipe: dict | Recipe, *, engine: str | Engine | None = None, 
     ``attune.spec.rules.check`` (``attune verify`` reports rule violations as its configuration check).
     Raises ``RecipeError`` (one line with the recipe path) or another ``UserInputError`` of the override.
     """
-    r = _as_mapping(recipe, source)
-    m = _model(r, model, source)
-    cluster = _cluster(r, gpus, source)
+    if not isinstance(recipe, (Recipe, dict)):
+        raise RecipeError(f"{source}: expected a mapping of recipe fields, got {type(recipe).__name__}")
+    m = _model(recipe.model if isinstance(recipe, Recipe) else recipe.get("model"), model, source)
+    cluster = _cluster(recipe.gpu if isinstance(recipe, Recipe) else recipe.get("gpu"), gpus, source)
     eng = engine if isinstance(engine, Engine) else get_engine(engine or DEFAULT_ENGINE)
 
-    if "layout" not in r:
-        raise RecipeError(f"{source} layout: required key is missing")
-    layout_block = validate_block(r["layout"], LayoutBlock, "layout", source)
-    workload_block = validate_block(r["workload"], WorkloadBlock, "workload", source) if r.get("workload") is not None else None
-    result = validate_block(r["result"], Result, "result", source) if r.get("result") is not None else None
-    flags = _run_flags(r, source)
+    p = _parts(recipe, source)
+    layout_block, workload_block, result = p.layout, p.workload, p.result
+    flags = _run_flags(p.run, source)
     precision_aware = None if flags is None else _PRECISION_AWARE_FLAG in flags
 
     try:

@@ -19,9 +19,9 @@ from typing import Any, Iterable
 
 from attune.errors import FlagError, UserInputError
 from attune.recipe.codec import from_recipe_blocks
+from attune.recipe.models import Recipe
 from attune.recipe.models import schema_issues as _model_schema_issues
-from attune.recipe.target import DEFAULT_ENGINE
-from attune.spec.engine import get_engine
+from attune.spec.engine import DEFAULT_ENGINE, get_engine
 from attune.spec.flags import FlagSpec, flag_prefixes, flag_table, known_flag, table_describes
 from attune.spec.model import load_model
 from attune.spec.knobs import not_honoured
@@ -490,6 +490,8 @@ def _check_status(recipe: dict, out: list[Finding]) -> None:
 def lint(recipe: Any) -> list[Finding]:
     """All findings for a recipe: schema errors first, then run-block checks (entrypoint,
     flags, layout agreement, env), then layout/status/result consistency."""
+    if isinstance(recipe, Recipe):  # lint reads the recipe as it is written
+        recipe = recipe.to_dict()
     out: list[Finding] = [Finding(ERROR, path, msg) for path, msg in _schema_issues(recipe)]
     if not isinstance(recipe, dict):
         return out

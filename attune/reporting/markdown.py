@@ -9,6 +9,7 @@ from pathlib import Path
 
 from attune.estimator import estimate
 from attune.estimator.coefficients import coefficients_for
+from attune.recipe.models import Recipe
 from attune.reporting.edge import edge_section
 from attune.reporting.plots import plot_study
 from attune.search.ablation import ablation
@@ -19,7 +20,6 @@ from attune.search.tuner import TuneConfig, TuneOutcome
 # rows of the measured-trials table (best first)
 TOP_TRIALS = 10
 COUNT_LABELS = (("proposals", "proposals from TPE"), ("estimated", "TPE proposals estimated (memory + speed)"),
-                ("refined", "layouts estimated by model-guided refinement (not trials)"),
                 ("invalid", "pruned: break a layout rule"), ("oom_predicted", "pruned: predicted out of memory"),
                 ("oom_rule", "pruned: monotone rule after a real OOM"), ("duplicate", "already measured"),
                 ("skipped_slow", "skipped: predicted < {slack:g} x the best measured"),
@@ -38,7 +38,7 @@ def _header(cfg: TuneConfig) -> list[str]:
             f"Generated {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}.\n"]
 
 
-def _winner(cfg: TuneConfig, out: TuneOutcome, recipe: dict | None, kind: str) -> list[str]:
+def _winner(cfg: TuneConfig, out: TuneOutcome, recipe: Recipe | None, kind: str) -> list[str]:
     best = out.best
     if best is None:
         return []
@@ -47,13 +47,13 @@ def _winner(cfg: TuneConfig, out: TuneOutcome, recipe: dict | None, kind: str) -
          f"{best.predicted_peak_gib:.1f} GiB on stage {best.predicted_peak_stage} "
          f"of {cfg.cluster.gpu.capacity_gib:.1f} GiB."]
     if recipe:
-        r = recipe["result"]
-        L.append(f" MFU {r['mfu']:.4f}; {r['usd_per_million_tokens']:.3f} USD per million tokens at "
+        r = recipe.result
+        L.append(f" MFU {r.mfu:.4f}; {r.usd_per_million_tokens:.3f} USD per million tokens at "
                  f"{cfg.cluster.gpu.usd_per_hour:.2f} USD/GPU-hour.")
     L.append("\n")
-    if recipe and recipe.get("correctness"):
-        c = recipe["correctness"]
-        L.append(f"Correctness: **{c.get('result')}** ({c.get('summary', '')}); recipe status `{recipe.get('status')}`.\n")
+    if recipe and recipe.correctness:
+        c = recipe.correctness
+        L.append(f"Correctness: **{c.result}** ({c.summary or ''}); recipe status `{recipe.status}`.\n")
     return L
 
 
@@ -76,9 +76,10 @@ def _search(cfg: TuneConfig, out: TuneOutcome) -> list[str]:
     counts = study_counts(out.study)
     L = ["## Search\n", "| what | count |\n|---|---|"]
     for k, label in COUNT_LABELS:
-        if counts[k] or k == "measured":  # the model sampler makes no proposal trials: its rows stay empty
-            L.append(f"| {label.format(slack=cfg.slack)} | {counts[k]} |")
-    scored = out.counts.get("scored", 0)
+        n = getattr(counts, k)
+        if n or k == "measured":  # the model sampler makes no proposal trials: its rows stay empty
+            L.append(f"| {label.format(slack=cfg.slack)} | {n} |")
+    scored = out.scored
     L.append(f"\nSampler `{cfg.sampler}`; layouts of the space scored by the model (not trials): {scored:,}. "
              f"Wall time of this session: {out.wall_s:.1f} s.")
     if out.stopped:
@@ -209,7 +210,7 @@ def _measured_table(out: TuneOutcome, measured: bool) -> list[str]:
     return L
 
 
-def write_report(cfg: TuneConfig, out: TuneOutcome, out_dir: Path, recipe: dict | None, extra=()) -> Path:
+def write_report(cfg: TuneConfig, out: TuneOutcome, out_dir: Path, recipe: Recipe | None, extra=()) -> Path:
     """Write out_dir/report.md (and its PNG plots); returns its path. ``extra``: markdown lines of a section after
     the baseline (the low-precision comparison of ``--allow-numerics``)."""
     plots = plot_study(cfg, out, out_dir)

@@ -5,16 +5,16 @@ from __future__ import annotations
 import datetime as dt
 import platform
 import re
-import shlex
 from pathlib import Path
 
 from attune.estimator import estimate
 from attune.estimator.metrics import model_flops_utilization, usd_per_million_tokens
 from attune.recipe.codec import to_recipe_block
-from attune.runners.slime.launch import LaunchError, launch_versions, slime_command
+from attune.recipe.models import (ActiveParams, Author, Correctness, Gpu, LayoutBlock, Recipe, Result, WorkloadBlock,
+                                  validate_block)
+from attune.runners.base import Rerun, TrialSpec
 from attune.search.records import records, study_counts
 from attune.search.tuner import TuneConfig, TuneOutcome
-from attune.spec.flags import to_flags
 from attune.spec.layout import Layout
 from attune.spec.placement import batching
 
@@ -25,27 +25,13 @@ def _gpu_marketing_gb(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def run_block(cfg: TuneConfig, layout: Layout) -> tuple[str, dict[str, str]]:
-    """(shell command, environment) that reruns the winner the way it was measured: for the torch trainer (the
-    `torch` engine: the torch runner, or its trials as Ray jobs) `attune run --runner torch` with the layout's
-    flags; otherwise slime's launch."""
-    model, cluster, wl = cfg.model, cfg.cluster, cfg.workload
-    if cfg.engine.attune_trainer:
-        argv = ["attune", "run", "--runner", "torch", "--model", model.name, "--gpus", cluster.spec,
-                "--steps", str(wl.steps), "--", *to_flags(layout, wl, cfg.engine)]
-        return shlex.join(argv) + "\n", {}
-    try:
-        cmd = slime_command(model, cluster, layout, wl, steps=wl.steps)
-    except LaunchError as e:
-        # a model whose slime launch attune cannot write (GPT-OSS): the layout's Megatron flags through attune's
-        # own launcher, which names the same reason when it is run, so the recipe still records the winner
-        argv = ["attune", "run", "--runner", "slime", "--model", model.name, "--gpus", cluster.spec,
-                "--steps", str(wl.steps), "--", *to_flags(layout, wl, cfg.engine)]
-        return f"# {e}\n" + shlex.join(argv) + "\n", {}
-    return str(cmd.to_shell()), {str(k): str(v) for k, v in cmd.env.items()}
+def rerun_of(cfg: TuneConfig, layout: Layout) -> Rerun:
+    """How the recipe reruns ``layout``: the study's runner's launch of it (``Runner.rerun_command``)."""
+    spec = TrialSpec(model=cfg.model, cluster=cfg.cluster, layout=layout, workload=cfg.workload, engine=cfg.engine)
+    return cfg.runner.rerun_command(spec)
 
 
-def build_recipe(cfg: TuneConfig, out: TuneOutcome) -> dict:
+def build_recipe(cfg: TuneConfig, out: TuneOutcome) -> Recipe:
     """The winner in the seed recipe's format."""
     best, base = out.best, out.baseline
     lay = best.to_layout()
@@ -60,7 +46,7 @@ def build_recipe(cfg: TuneConfig, out: TuneOutcome) -> dict:
     kind = "measured" if measured else "predicted"
     base_tps = float(base.value) if (base is not None and base.value is not None) else None
     gain = (tps / base_tps - 1) if base_tps else None
-    run, env = run_block(cfg, lay)
+    rerun = rerun_of(cfg, lay)
     counts = study_counts(out.study)
     notes = [f"Found by attune tune ({cfg.runner.name} runner, {cfg.engine.name} engine, search space "
              f"'{cfg.space.name}', TPE seed {cfg.seed}): {counts.estimated} candidates estimated, "
@@ -75,39 +61,39 @@ def build_recipe(cfg: TuneConfig, out: TuneOutcome) -> dict:
     notes.append(f"Peak memory (predicted): {est.memory.peak_gib:.1f} GiB on stage {est.memory.peak_stage} of "
                  f"{est.memory.capacity_gib:.1f} GiB.")
     today = dt.datetime.now(dt.timezone.utc).date().isoformat()
-    return {
-        "schema_version": 1,
-        "model": model.name,
-        "gpu": {"type": cluster.type_key,
-                "memory_gb": _gpu_marketing_gb(cluster.gpu.name) or round(cluster.gpu.memory_bytes / 1e9),
-                "count": cluster.world_size,
-                "per_node": cluster.gpus_per_node, "instance": None},
-        "author": {"name": "attune", "url": None},
-        "status": "measured" if measured else "predicted",
-        "stack": _stack(cfg, measured),
-        "workload": {"row_tokens": wl.seq_length, "rows": "packed rows" if cfg.data_path else "synthetic rows (seeded)",
-                     "global_batch": wl.global_batch, "precision": lay.precision},
-        "layout": to_recipe_block(lay, model, batching(lay, wl, eng)),
-        "result": {
-            "tokens_per_s_per_gpu": round(tps, 2), "usd_per_million_tokens": round(usd, 4),
-            "step_time_cv_percent": round(float(best.step_time_cv_percent or 0.0), 3),
-            "mfu": round(mfu, 4),
-            "mfu_note": "tokens/s/GPU x 6 x active parameters / dense BF16 peak" + ("" if measured else "; predicted"),
-            "active_params": {"count": model.active_params, "source": model.source or f"config of {model.name}", "revision": None},
-            "measured": today if measured else None,
-            "steps_per_run": wl.steps, "window": [a, b], "window_tokens": wl.tokens_per_step * (b - a + 1),
-            "runs": 1, "profiler": False, "gpu_hours": round(gpu_hours, 4),
-            "gpu_hours_note": ("GPUs x wall time of every measured trial of the search, including start-up" if measured
-                               else "nothing ran: the sim runner predicts"),
-            **_throughput_basis(cfg, best, measured),
-        },
-        "correctness": {"result": "not_run",
-                        "summary": "not run: predicted by the model" if not measured else "not run yet: attune verify"},
-        "env": env,
-        "patches": [],
-        "run": run,
-        "notes": "".join(f"- {n}\n" for n in notes),
-    }
+    return Recipe(
+        schema_version=1,
+        model=model.name,
+        gpu=Gpu(type=cluster.type_key,
+                memory_gb=_gpu_marketing_gb(cluster.gpu.name) or round(cluster.gpu.memory_bytes / 1e9),
+                count=cluster.world_size, per_node=cluster.gpus_per_node, instance=None),
+        author=Author(name="attune", url=None),
+        status="measured" if measured else "predicted",
+        stack=_stack(cfg, measured, rerun),
+        workload=WorkloadBlock(row_tokens=wl.seq_length,
+                               rows="packed rows" if cfg.data_path else "synthetic rows (seeded)",
+                               global_batch=wl.global_batch, precision=lay.precision),
+        layout=validate_block(to_recipe_block(lay, model, batching(lay, wl, eng)), LayoutBlock, "layout"),
+        result=Result(
+            tokens_per_s_per_gpu=round(tps, 2), usd_per_million_tokens=round(usd, 4),
+            step_time_cv_percent=round(float(best.step_time_cv_percent or 0.0), 3),
+            mfu=round(mfu, 4),
+            mfu_note="tokens/s/GPU x 6 x active parameters / dense BF16 peak" + ("" if measured else "; predicted"),
+            active_params=ActiveParams(count=model.active_params, source=model.source or f"config of {model.name}",
+                                       revision=None),
+            measured=today if measured else None,
+            steps_per_run=wl.steps, window=[a, b], window_tokens=wl.tokens_per_step * (b - a + 1),
+            runs=1, profiler=False, gpu_hours=round(gpu_hours, 4),
+            gpu_hours_note=("GPUs x wall time of every measured trial of the search, including start-up" if measured
+                            else "nothing ran: the sim runner predicts"),
+            **_throughput_basis(cfg, best, measured)),
+        correctness=Correctness(result="not_run", summary="not run: predicted by the model" if not measured
+                                else "not run yet: attune verify"),
+        env=dict(rerun.env),
+        patches=[],
+        run=rerun.command,
+        notes="".join(f"- {n}\n" for n in notes),
+    )
 
 
 def _throughput_basis(cfg: TuneConfig, best, measured: bool) -> dict:
@@ -123,21 +109,9 @@ def _throughput_basis(cfg: TuneConfig, best, measured: bool) -> dict:
             "tokens_per_s_per_gpu_step_time": round(float(step), 2) if step is not None else None}
 
 
-def _stack(cfg: TuneConfig, measured: bool) -> dict:
-    s = {"framework": f"attune {cfg.runner.name} runner" + ("" if measured else " (calibrated model, nothing ran)"),
-         "python": platform.python_version()}
-    if not cfg.engine.attune_trainer:  # the run block is slime's launch: the versions it was written for
-        v = launch_versions()
-        s["slime"] = f"{v['slime']} (the commit attune's launch and flag table were written for)"
-        s["megatron_lm"] = f"{v['megatron_lm']} with slime's Megatron patch (the commit slime pins; launch written for it)"
-    if cfg.engine.attune_trainer:
-        try:
-            import torch
-            s["pytorch"] = str(torch.__version__)
-        except ImportError:
-            pass
-    s["source"] = "the tuning process's environment"
-    return s
+def _stack(cfg: TuneConfig, measured: bool, rerun: Rerun) -> dict:
+    return {"framework": f"attune {cfg.runner.name} runner" + ("" if measured else " (calibrated model, nothing ran)"),
+            "python": platform.python_version(), **rerun.stack, "source": "the tuning process's environment"}
 
 
 def recipe_path(root: Path, model: str, gpu: str, layout: Layout) -> Path:

@@ -27,7 +27,7 @@ from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec
 
 __all__ = ["OK", "OOM", "FAILED", "TIMEOUT", "STATUSES", "Status", "TrialSpec", "TrialResult", "StepStats",
-           "step_time_stats", "Capabilities", "Runner", "RunnerError", "UnsupportedLayout", "RESULT_FILE",
+           "step_time_stats", "Capabilities", "Rerun", "Runner", "RunnerError", "UnsupportedLayout", "RESULT_FILE",
            "LOG_FILE", "LOG_TAIL_CHARS"]
 
 log = logging.getLogger(__name__)
@@ -242,6 +242,18 @@ class Capabilities:
         return {"max_tp": self.max_tp, "max_cp": self.max_cp}
 
 
+@dataclass(frozen=True, kw_only=True)
+class Rerun:
+    """How a recipe reruns a layout the way this runner measured (or, for a prediction, would run) it."""
+
+    command: str
+    """The recipe's ``run`` block: a shell command (or script), ending with a newline."""
+    env: dict[str, str] = field(default_factory=dict)
+    """The recipe's ``env`` block: environment of the training processes (shell words)."""
+    stack: dict[str, str] = field(default_factory=dict)
+    """Lines of the recipe's ``stack`` block the command was written for (e.g. slime's and Megatron-LM's commits)."""
+
+
 # ---------------------------------------------------------------------------------------------- runner
 class Runner(abc.ABC):
     """Where and how one trial runs.
@@ -279,8 +291,12 @@ class Runner(abc.ABC):
           trial folder holds a finished result of that trial number, that result is returned and nothing
           runs again. A spec without a trial number always runs.
 
-    Subclasses implement ``capabilities`` (a class attribute), ``check`` and ``_execute``; ``run`` is the
-    template that enforces the contract around ``_execute``.
+    ``rerun_command(spec) -> Rerun``
+        The command (with its environment and the stack versions it was written for) that reruns ``spec``'s
+        layout the way this runner measured it: a recipe's ``run`` block. It starts nothing.
+
+    Subclasses implement ``capabilities`` (a class attribute), ``check``, ``_execute`` and ``rerun_command``;
+    ``run`` is the template that enforces the contract around ``_execute``.
     """
 
     name: ClassVar[str]
@@ -298,6 +314,10 @@ class Runner(abc.ABC):
     @abc.abstractmethod
     def check(self, spec: TrialSpec) -> list[str]:
         """Reasons this runner cannot run ``spec`` (one line each), [] when it can; starts nothing."""
+
+    @abc.abstractmethod
+    def rerun_command(self, spec: TrialSpec) -> Rerun:
+        """The recipe's run block for ``spec``'s layout (see the class docstring); starts nothing."""
 
     @abc.abstractmethod
     def _execute(self, spec: TrialSpec, trial_dir: Path) -> TrialResult:

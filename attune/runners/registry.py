@@ -24,7 +24,8 @@ from attune.runners.sim import SimRunner
 from attune.runners.slime.runner import SlimeRunner
 from attune.runners.torch_runner import TorchRunner
 
-__all__ = ["get_runner", "runner_names", "runner_capabilities", "runner_class", "UnknownRunner"]
+__all__ = ["get_runner", "runner_names", "runner_capabilities", "runner_class", "resolve_runner", "TRIAL_KINDS",
+           "UnknownRunner"]
 
 _RUNNERS: dict[str, type[Runner]] = {
     "sim": SimRunner,
@@ -34,14 +35,32 @@ _RUNNERS: dict[str, type[Runner]] = {
     "replay": ReplayRunner,
 }
 
+# what each Ray job runs (`--trial-kind`): a runner's own trials ("slime"), or the torch trainer's ("torch"), which on
+# a runner that submits Ray jobs is the runner registered here; a runner that runs where it stands ignores the kind
+TRIAL_KINDS = ("slime", "torch")
+_BY_TRIAL_KIND: dict[tuple[str, str], str] = {("slime", "torch"): "ray-torch"}
+
 
 class UnknownRunner(UserInputError):
     """A runner name the registry does not know (exit code 2)."""
 
 
-def runner_names() -> tuple[str, ...]:
-    """Every registered runner name, the default (``sim``) first."""
-    return tuple(_RUNNERS)
+def runner_names(*, selectable: bool = False, measured: bool | None = None, verifiable: bool | None = None,
+                 needs_measurements: bool | None = None) -> tuple[str, ...]:
+    """Registered runner names, the default (``sim``) first. ``selectable``: only those named by ``--runner`` (not
+    those reached through another runner's ``--trial-kind``); the other filters match ``Capabilities``."""
+    reached = set(_BY_TRIAL_KIND.values()) if selectable else set()
+    want = {"measured": measured, "verifiable": verifiable, "needs_measurements": needs_measurements}
+    return tuple(n for n, c in _RUNNERS.items() if n not in reached
+                 and all(v is None or getattr(c.capabilities, k) == v for k, v in want.items()))
+
+
+def resolve_runner(name: str, trial_kind: str = "slime") -> str:
+    """The registry name of ``--runner name --trial-kind trial_kind`` (``slime`` + ``torch``: ``ray-torch``)."""
+    if trial_kind not in TRIAL_KINDS:
+        raise UserInputError(f"trial kind '{trial_kind}': allowed {', '.join(TRIAL_KINDS)}")
+    _cls(name)
+    return _BY_TRIAL_KIND.get((name, trial_kind), name)
 
 
 def runner_class(name: str) -> type[Runner]:

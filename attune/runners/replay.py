@@ -35,7 +35,8 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, ValidationError
 
 from attune.errors import FlagError, LayoutError, UserInputError
-from attune.runners.base import FAILED, OK, OOM, Capabilities, Runner, TrialResult, TrialSpec
+from attune.runners.base import FAILED, OK, OOM, Capabilities, Rerun, Runner, TrialResult, TrialSpec
+from attune.runners.rerun import engine_rerun
 from attune.spec.flags import from_flags
 from attune.spec.identity import layout_key
 from attune.spec.layout import Layout
@@ -326,6 +327,10 @@ class ReplayRunner(Runner):
 
     def check(self, spec: TrialSpec) -> list[str]:
         return check(spec.layout, spec.model, spec.cluster.world_size, spec.workload, spec.engine)
+
+    def rerun_command(self, spec: TrialSpec) -> Rerun:
+        """The engine's launch (the table holds measurements of it)."""
+        return engine_rerun(spec)
 
     def _execute(self, spec: TrialSpec, trial_dir: Path) -> TrialResult:
         if self._num_layers != spec.model.num_layers:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from attune.estimator import estimate
 from attune.estimator.coefficients import Coefficients
-from attune.runners.base import OK, OOM, Capabilities, Runner, TrialResult, TrialSpec
+from attune.runners.base import OK, OOM, Capabilities, Rerun, Runner, TrialResult, TrialSpec
+from attune.runners.rerun import engine_rerun
 from attune.spec.rules import check
 
 __all__ = ["SimRunner"]
@@ -25,6 +26,10 @@ class SimRunner(Runner):
 
     def check(self, spec: TrialSpec) -> list[str]:
         return check(spec.layout, spec.model, spec.cluster.world_size, spec.workload, spec.engine)
+
+    def rerun_command(self, spec: TrialSpec) -> Rerun:
+        """The engine's launch: a prediction is rerun the way the engine's own runner measures it."""
+        return engine_rerun(spec)
 
     def run(self, spec: TrialSpec) -> TrialResult:
         """As ``Runner.run``, but a spec without ``trial_dir`` writes nothing (no temp folder for a prediction)."""

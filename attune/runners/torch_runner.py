@@ -21,21 +21,23 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 from attune.errors import require
-from attune.runners.base import (FAILED, LOG_FILE, LOG_TAIL_CHARS, OK, OOM, TIMEOUT, Capabilities, Runner,
+from attune.runners.base import (FAILED, LOG_FILE, LOG_TAIL_CHARS, OK, OOM, TIMEOUT, Capabilities, Rerun, Runner,
                                  TrialResult, TrialSpec, step_time_stats)
 from attune.runners.locks import DeviceLock, device_names
 from attune.runners.procs import run_logged
 from attune.runners.torch_spec import encode_spec, ep_refusal
+from attune.spec.flags import to_flags
 from attune.spec.layout import Layout, Workload
 from attune.spec.placement import stage_layer_counts
 from attune.spec.rules import check
 
-__all__ = ["TorchRunner", "TORCH_WORKLOAD", "TORCH_CAPABILITIES", "torch_check", "write_trial_spec",
+__all__ = ["TorchRunner", "TORCH_WORKLOAD", "TORCH_CAPABILITIES", "torch_check", "torch_rerun", "write_trial_spec",
            "torch_result"]
 
 GiB = 2**30
@@ -136,6 +138,22 @@ def torch_result(spec: TrialSpec, ranks_dir: Path, log: str, rc: int | None, tim
                        peak_memory_gib=peaks, window=(a, b), window_tokens=w.tokens_per_step * (b - a + 1), **base)
 
 
+def torch_rerun(spec: TrialSpec) -> Rerun:
+    """`attune run --runner torch` with the layout's flags: how a layout the torch trainer measured (on this machine
+    or as a Ray job) reruns; the stack names the PyTorch it ran on."""
+    wl = spec.workload
+    argv = ["attune", "run", "--runner", TorchRunner.name, "--model", spec.model.name, "--gpus", spec.cluster.spec,
+            "--steps", str(wl.steps), "--", *to_flags(spec.layout, wl, spec.engine)]
+    stack = {}
+    try:
+        import torch  # noqa: PLC0415 - optional extra: the version when it is installed
+
+        stack["pytorch"] = str(torch.__version__)
+    except ImportError:
+        pass
+    return Rerun(command=shlex.join(argv) + "\n", stack=stack)
+
+
 class TorchRunner(Runner):
     """The torch trainer under torchrun on this machine."""
 
@@ -165,6 +183,9 @@ class TorchRunner(Runner):
 
     def _device(self, spec: TrialSpec) -> str:
         return self.device or ("cpu" if spec.cluster.gpu.is_cpu else "cuda")
+
+    def rerun_command(self, spec: TrialSpec) -> Rerun:
+        return torch_rerun(spec)
 
     def command(self, spec: TrialSpec, spec_path: Path) -> list[str]:
         return [self.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(spec.layout.world_size),

@@ -7,6 +7,5 @@
 * `attune.search.sampler`: `ModelGuidedSampler` (expected improvement under the recalibrated model) and
   `busy_or_done_keys`.
 * `attune.search.edge`: the memory-edge steps (after a real OOM, after the best fit) the sampler takes.
-* `attune.search.refine`: greedy hill-climbing on the model (no longer used by the tuner).
 * `attune.search.tuner`: `TuneConfig`, `Tuner`, `TuneOutcome`.
 """

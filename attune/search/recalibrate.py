@@ -3,8 +3,8 @@
 Throughput: a few physical coefficients of the performance model are refitted by bounded least squares on
 log tokens/s/GPU (`scipy.optimize.least_squares`), with the shipped calibration as a Gaussian prior in log
 space, so a few points cannot run away. The fitted coefficients and their bounds come from the `bounds`
-metadata of `attune.estimator.coefficients.Coefficients` fields where present, else from FALLBACK_BOUNDS;
-coefficients that change predicted memory are left to the memory terms.
+metadata of `attune.estimator.coefficients.Coefficients` fields; coefficients that change predicted memory are left
+to the memory terms.
 
 Memory: measured peaks and real OOMs update an additive offset per stage position (first, middle, last
 pipeline stage; a single stage is both first and last): a common offset (the mean of measured - predicted over
@@ -27,13 +27,6 @@ from attune.estimator import estimate
 from attune.estimator.coefficients import Coefficients
 from attune.spec.layout import Layout
 
-# Fallback (name, low, high) of the refitted performance coefficients when Coefficients carries no `bounds`
-# metadata. Ranges are the physical ones quoted in attune/estimator/coefficients.py: large-GEMM efficiency of
-# cuBLAS/TE on Hopper 0.6-0.8 (widened to 0.45-0.9), FlashAttention 0.35-0.75, FLA GDN kernels far below GEMMs,
-# achieved NVLink bus bandwidth / line rate up to ~0.9, the host Adam step a few to ~30% of STREAM bandwidth.
-FALLBACK_BOUNDS = (("gemm_efficiency", 0.45, 0.90), ("attention_efficiency", 0.25, 0.80),
-                   ("gdn_kernel_efficiency", 0.03, 0.30), ("hbm_efficiency", 0.40, 0.95),
-                   ("nvlink_efficiency", 0.50, 0.95), ("host_optimizer_efficiency", 0.02, 0.30))
 # prior standard deviation of log(coefficient / shipped) = this fraction of the log-width of its bounds
 PRIOR_WIDTH_FRACTION = 0.25
 # run-to-run noise of a measured throughput, as a log standard deviation (2-5% between runs, issue 11)
@@ -114,12 +107,9 @@ def stage_positions(stage: int, pp: int) -> tuple[str, ...]:
 
 
 def fitted_bounds(coef: Coefficients) -> list[tuple[str, float, float]]:
-    """(name, low, high) of every coefficient with `bounds` metadata, else FALLBACK_BOUNDS (names that exist)."""
-    meta = [(f.name, *f.metadata["bounds"]) for f in dataclasses.fields(coef) if f.metadata and "bounds" in f.metadata]
-    if meta:
-        return [(n, float(lo), float(hi)) for n, lo, hi in meta]
-    have = {f.name for f in dataclasses.fields(coef)}
-    return [b for b in FALLBACK_BOUNDS if b[0] in have]
+    """(name, low, high) of every coefficient with `bounds` metadata (attune.estimator.coefficients)."""
+    return [(f.name, float(f.metadata["bounds"][0]), float(f.metadata["bounds"][1])) for f in dataclasses.fields(coef)
+            if f.metadata and "bounds" in f.metadata]
 
 
 @dataclass(kw_only=True)

@@ -17,6 +17,7 @@ from typing import Any
 import optuna
 
 from attune.estimator import Estimate
+from attune.runners.base import OK, OOM
 from attune.spec.layout import Layout
 
 ROLE_BASELINE, ROLE_CANDIDATE = "baseline", "candidate"
@@ -26,8 +27,6 @@ KIND_INVALID, KIND_OOM, KIND_RULE, KIND_DUP, KIND_SLOW, KIND_EST = (
 # a trial created to measure a layout whose worker lost the claim to another worker (attune.search.coordination)
 KIND_LOST = "claim-lost"
 KINDS = (KIND_INVALID, KIND_OOM, KIND_RULE, KIND_DUP, KIND_SLOW, KIND_EST, KIND_LOST)
-# runner outcomes (attune.runners.base: ok | oom | failed | timeout)
-OUTCOME_OK, OUTCOME_OOM = "ok", "oom"
 # the reason of a trial a killed tuner left RUNNING and resume failed (nothing else records one)
 INTERRUPTED = "interrupted: the tuner was killed"
 # characters of a reason / log tail kept in the study (SQLite and journal rows stay small)
@@ -214,8 +213,6 @@ class StudyCounts:
 
     proposals: int = 0
     """TPE proposals (trials that were not measured)."""
-    refined: int = 0
-    """Layouts estimated by model-guided refinement (not trials)."""
     estimated: int = 0
     """Proposals that were estimated (all but those breaking a layout rule)."""
     invalid: int = 0
@@ -228,6 +225,8 @@ class StudyCounts:
     """Proposals of an already measured layout."""
     skipped_slow: int = 0
     """Proposals predicted slower than slack x the best measured."""
+    lost: int = 0
+    """Trials created to measure a layout whose claim another worker won (attune.search.coordination)."""
     estimated_only: int = 0
     """Proposals estimated and not chosen."""
     measured: int = 0
@@ -239,23 +238,20 @@ class StudyCounts:
     measured_failed: int = 0
     """Measured trials that failed, timed out or were interrupted."""
 
-    def __getitem__(self, key: str) -> int:
-        return getattr(self, key)
-
 
 _KIND_FIELD = {KIND_INVALID: "invalid", KIND_OOM: "oom_predicted", KIND_RULE: "oom_rule", KIND_DUP: "duplicate",
-               KIND_SLOW: "skipped_slow", KIND_EST: "estimated_only"}
+               KIND_SLOW: "skipped_slow", KIND_EST: "estimated_only", KIND_LOST: "lost"}
 
 
 def study_counts(study: optuna.Study) -> StudyCounts:
     """Counts over the whole study (all sessions): what was estimated, pruned and measured."""
-    c = StudyCounts(refined=int(study.user_attrs.get("refined_estimates", 0)))
+    c = StudyCounts()
     for r in records(study):
         if r.is_measured:
             c.measured += 1
-            if r.outcome == OUTCOME_OK:
+            if r.outcome == OK:
                 c.measured_ok += 1
-            elif r.outcome == OUTCOME_OOM:
+            elif r.outcome == OOM:
                 c.measured_oom += 1
             else:
                 c.measured_failed += 1

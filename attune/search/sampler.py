@@ -42,6 +42,7 @@ from scipy.special import ndtr
 from attune.estimator import estimate
 from attune.estimator.coefficients import Coefficients
 from attune.search import edge as edge_module
+from attune.search.options import TuneOptions
 from attune.search.recalibrate import POSITIONS, THROUGHPUT_NOISE, Calibration, Measurement, recalibrate
 from attune.search.scoring import ScoredSpace
 from attune.search.space import FEATURES, layout_features, layout_from_dict, layout_key, params_key
@@ -173,7 +174,7 @@ class Assessment:
     oom_neighbour: int | None = None
     """Row of an unmeasured neighbour of a measured OOM predicted better than the best measured (None: none)."""
 
-    def should_stop(self, p_stop: float, min_gain: float = 0.01) -> bool:
+    def should_stop(self, p_stop: float, min_gain: float = TuneOptions.min_gain) -> bool:
         """No candidate has more than p_stop probability of beating the best measured by more than min_gain,
         the claimed remaining regret is at most min_gain, and no unmeasured neighbour of a measured OOM is
         predicted better than the best measured."""
@@ -192,7 +193,7 @@ class ModelGuidedSampler(BaseSampler):
     """
 
     def __init__(self, *, table: ScoredSpace, shipped: Coefficients, capacity_gib: float, headroom: float = 0.02,
-                 exact: bool = False, recalibrate: bool = True, min_gain: float = 0.01, seed: int = 0,
+                 exact: bool = False, recalibrate: bool = True, min_gain: float = TuneOptions.min_gain, seed: int = 0,
                  runner_check: Callable[[Layout], list[str]] | None = None):
         if not 0 <= min_gain < 1:
             raise ValueError(f"min_gain {min_gain}: must be a fraction in [0, 1)")

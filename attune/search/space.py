@@ -124,13 +124,6 @@ class SearchSpace:
                 params[k] = trial.suggest_categorical(k, dist.choices)
         return params
 
-    def random_params(self, rng) -> dict:
-        """Uniform draw over the knobs (numpy Generator): starting points for model-guided refinement."""
-        out = {}
-        for k, dom in self.knobs.items():
-            out[k] = int(rng.integers(dom[0], dom[1] + 1)) if KNOBS[k] == "int" else dom[int(rng.integers(len(dom)))]
-        return out
-
     def domain(self, key: str) -> list:
         """Every value knob `key` can take here (its fixed or default value when it is not a knob)."""
         if key not in self.knobs:

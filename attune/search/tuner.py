@@ -49,9 +49,10 @@ from attune.estimator.coefficients import Coefficients, coefficients_for
 from attune.runners.base import FAILED, OK, OOM, Runner, TrialResult, TrialSpec
 from attune.search.records import (
     INTERRUPTED, KIND_DUP, KIND_EST, KIND_INVALID, KIND_LOST, KIND_OOM, KIND_RULE, KIND_SLOW, LOG_TAIL_CHARS, REASON_CHARS,
-    ROLE_BASELINE, ROLE_CANDIDATE, TrialRecord, records)
+    ROLE_BASELINE, ROLE_CANDIDATE, StudyCounts, TrialRecord, records)
+from attune.search.options import SAMPLERS, TuneOptions
 from attune.search.coordination import claim_key, contest, new_measured_trial, pending_retries, slots
-from attune.search.storage import CONNECT_TIMEOUT_S, BadStorageURL, StorageHandle, StorageUnavailable, mask_url, open_storage
+from attune.search.storage import BadStorageURL, StorageHandle, StorageUnavailable, mask_url, open_storage
 from attune.search.sampler import ModelGuidedSampler
 from attune.search.scoring import score_space
 from attune.search.space import SearchSpace, layout_key
@@ -73,11 +74,6 @@ DRY_PROPOSALS = 256
 DRY_ROUNDS = 3
 # the number of measured attempts (failures included) is capped at this many per requested trial, plus 2
 ATTEMPTS_PER_TRIAL = 2
-# proposal mechanisms of `--sampler`
-SAMPLERS = ("model", "tpe")
-# heartbeat of a measured trial (seconds; Optuna takes integers) and the silence after which it is stale:
-# SQLite stores heartbeat times to the second, so the grace period spans several beats
-HEARTBEAT_INTERVAL_S, GRACE_PERIOD_S = 5, 20
 
 
 class StudyError(UserInputError):
@@ -108,24 +104,22 @@ class TuneConfig:
     """What was adapted in the default workload for this cluster (one sentence for the report; "" if nothing)."""
     trials: int = 20
     """Target number of completed measured trials in the study (resuming counts earlier sessions)."""
-    sampler: str = "model"
+    sampler: str = TuneOptions.sampler
     """Who proposes the next layout: `model` (ModelGuidedSampler: expected improvement under the study's
     recalibrated model) or `tpe` (plain multivariate TPE with the predicted memory as a constraint)."""
-    recalibrate: bool = True
+    recalibrate: bool = TuneOptions.recalibrate
     """Refit the model to the study's measurements after each measured trial (model sampler)."""
-    min_gain: float = 0.01
+    min_gain: float = TuneOptions.min_gain
     """Stop rule: a candidate must beat the best measured by more than this fraction to be worth a trial."""
-    p_stop: float = 0.05
+    p_stop: float = TuneOptions.p_stop
     """Stop rule: stop when no candidate has more than this probability of such a gain."""
     budget_gpu_hours: float | None = None
     """Stop once the study's measured trials have used this many GPU-hours (None: no budget)."""
     candidates: int = 48
     """TPE proposals estimated (and recorded as trials) per measurement slot."""
-    random_starts: int = 400
-    """Unused since the model sampler scores the whole space (kept so older callers still build configs)."""
-    slack: float = 0.8
+    slack: float = TuneOptions.slack
     """Skip candidates predicted slower than this fraction of the best measured layout's prediction."""
-    seed: int = 0
+    seed: int = TuneOptions.seed
     """Seed of the TPE sampler and of the uniform draws."""
     storage: str = ""
     """Optuna storage: an RDB URL (sqlite:///..., postgresql://...) or a path ending in .journal."""
@@ -141,14 +135,14 @@ class TuneConfig:
     """Host memory cap per CPU worker for the torch runner on CPU, GiB (None: no cap)."""
     data_path: str | None = None
     """Packed rows (parquet) for measured trials; None: seeded synthetic rows."""
-    headroom: float = 0.02
+    headroom: float = TuneOptions.memory_headroom
     """Fraction of GPU memory kept free: predictions this close to capacity are not trusted."""
-    heartbeat_interval_s: int = HEARTBEAT_INTERVAL_S
+    heartbeat_interval_s: int = TuneOptions.heartbeat_interval_s
     """Seconds between heartbeats of a measured trial (RDB storages)."""
-    grace_period_s: int = GRACE_PERIOD_S
+    grace_period_s: int = TuneOptions.grace_period_s
     """Seconds without a heartbeat (or, for a trial without a role, since it started) after which a RUNNING
     trial is taken as left by a killed tuner and failed."""
-    storage_timeout_s: float = CONNECT_TIMEOUT_S
+    storage_timeout_s: float = TuneOptions.storage_timeout_s
     """Database connection timeout, seconds (also how long the first connection is retried)."""
 
     def __post_init__(self) -> None:
@@ -156,8 +150,6 @@ class TuneConfig:
             raise UserInputError(f"trials {self.trials}: must be at least 1 measured trial")
         if self.candidates < 1:
             raise UserInputError(f"candidates {self.candidates}: must be at least 1 proposal per trial")
-        if self.random_starts < 0:
-            raise UserInputError(f"random_starts {self.random_starts}: must be 0 or more draws")
         if not 0.0 < self.slack <= 1.0:
             raise UserInputError(f"slack {self.slack:g}: must be in (0, 1] (a fraction of the best prediction)")
         if not 0.0 <= self.headroom < 1.0:
@@ -189,8 +181,10 @@ class TuneOutcome:
     """The baseline's measured trial (None if it never ran)."""
     best: TrialRecord | None
     """The best completed feasible measured trial (None when nothing fitted)."""
-    counts: dict = field(default_factory=dict)
-    """This session's counts: estimated, invalid, oom_predicted, oom_rule, duplicate, skipped_slow, measured."""
+    counts: StudyCounts = field(default_factory=StudyCounts)
+    """This session's counts: estimated, invalid, oom_predicted, oom_rule, duplicate, skipped_slow, lost, measured."""
+    scored: int = 0
+    """Layouts of the space the model sampler scored (not trials; 0 with TPE)."""
     wall_s: float = 0.0
     """Wall time of this session, seconds."""
     stopped: str = ""
@@ -272,8 +266,7 @@ class Tuner:
         self.progress = progress
         self.study: optuna.Study | None = None
         self._rdb: optuna.storages.RDBStorage | None = None
-        self.counts = dict(estimated=0, invalid=0, oom_predicted=0, oom_rule=0, duplicate=0, skipped_slow=0,
-                           measured=0, refined=0)
+        self.counts = StudyCounts()  # this session's
         self.measured_layouts: set[tuple] = set()
         # monotone rule: a stage that ran out of memory for real at a predicted P GiB rules out >= P GiB there
         self.oom_floor: dict[int, float] = {}
@@ -283,6 +276,7 @@ class Tuner:
         self._usable = self._capacity * (1.0 - cfg.headroom)
         self.shipped = cfg.coefficients if cfg.coefficients is not None else coefficients_for(cfg.cluster.gpu)
         self.model_sampler: ModelGuidedSampler | None = None
+        self.scored = 0  # layouts the model sampler scored
         self._proposal_fields: dict = {}
         self.asked: list[int] = []
         self._edge_step: dict | None = None
@@ -332,7 +326,7 @@ class Tuner:
         if cfg.sampler == "tpe":
             return optuna.samplers.TPESampler(seed=cfg.seed, multivariate=True, n_startup_trials=TPE_STARTUP_TRIALS)
         table = score_space(cfg.space, cfg.model, cfg.cluster, cfg.workload, cfg.engine, self.shipped)
-        self.counts["scored"] = len(table)
+        self.scored = len(table)
 
         def refused(layout: Layout) -> list[str]:
             return cfg.runner.check(self._spec(layout))
@@ -446,7 +440,7 @@ class Tuner:
             rec.save(trial)
             trial.report(est.perf.tokens_per_s_per_gpu, 0)
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            self.counts["lost"] = self.counts.get("lost", 0) + 1
+            self.counts.lost += 1
             return None
         beat: _Heartbeat | None = None
         rec = TrialRecord(role=role, host=self._host, pid=self._pid, runner=cfg.runner.name)
@@ -486,7 +480,7 @@ class Tuner:
             rec.save(again)  # what the measurement started with: role, worker, estimate, proposal
             self._file_result(again, out, res, est)
             trial = again
-        self.counts["measured"] += 1
+        self.counts.measured += 1
         return TrialRecord.from_trial(study.trials[trial.number])
 
     def _file_result(self, trial: optuna.Trial, out: TrialRecord, res: TrialResult, est) -> None:
@@ -543,7 +537,7 @@ class Tuner:
             return None
         cfg = self.cfg
         est = estimate(cfg.model, cfg.cluster, cfg.baseline, cfg.workload, cfg.engine, cfg.coefficients)
-        self.counts["estimated"] += 1
+        self.counts.estimated += 1
         return self.measure(cfg.space.params_for(cfg.baseline, cfg.model, cfg.workload), cfg.baseline, est,
                             ROLE_BASELINE)
 
@@ -562,13 +556,13 @@ class Tuner:
             try:
                 layout = self.to_layout(params)
             except LayoutError as e:
-                self.counts["invalid"] += 1
+                self.counts.invalid += 1
                 TrialRecord(kind=KIND_INVALID, reason=str(e)[:500]).save(t)
                 t.set_constraint("valid", INVALID_PENALTY)
                 study.tell(t, state=optuna.trial.TrialState.PRUNED)
                 continue
             est = self.estimate(layout)
-            self.counts["estimated"] += 1
+            self.counts.estimated += 1
             rec = TrialRecord()
             rec.set_estimate(est)
             rec.save(t)
@@ -576,7 +570,7 @@ class Tuner:
             t.report(pred, 0)
             over = self._over_floor(est)
             if not self.fits(est):
-                self.counts["oom_predicted"] += 1
+                self.counts.oom_predicted += 1
                 reason = est.memory.verdict() if not est.fits else (
                     f"predicted peak {est.memory.peak_gib:.1f} GiB on stage {est.memory.peak_stage} is within the "
                     f"{100 * cfg.headroom:g}% headroom of {self._capacity:.1f} GiB")
@@ -586,15 +580,15 @@ class Tuner:
                 continue
             t.set_constraint("memory_gib", est.memory.peak_gib - self._usable)
             if over:
-                self.counts["oom_rule"] += 1
+                self.counts.oom_rule += 1
                 TrialRecord(kind=KIND_RULE, reason=(
                     f"stage {over[0].stage} needs {over[0].total_gib:.1f} GiB, at least as much as a layout that ran "
                     f"out of memory there ({self.oom_floor[over[0].stage]:.1f} GiB predicted)")).save(t)
             elif layout_key(layout, cfg.model.num_layers) in self.measured_layouts:
-                self.counts["duplicate"] += 1
+                self.counts.duplicate += 1
                 TrialRecord(kind=KIND_DUP).save(t)
             elif best_pred and pred < cfg.slack * best_pred:
-                self.counts["skipped_slow"] += 1
+                self.counts.skipped_slow += 1
                 TrialRecord(kind=KIND_SLOW, reason=(
                     f"predicted {pred:.1f} tokens/s/GPU < {cfg.slack:g} x {best_pred:.1f} predicted for the best "
                     f"measured layout")).save(t)
@@ -690,7 +684,7 @@ class Tuner:
             p_imp = a.p_improve if a.best_tokens is not None else None
             top = self.model_sampler.top_predicted(self.study)
         return TuneOutcome(study=self.study, baseline=baseline, best=self.best_measured(),
-                           counts={k: v for k, v in self.counts.items() if k != "refined"},
+                           counts=self.counts, scored=self.scored,
                            wall_s=time.time() - t0, stopped=stopped, stop_kind=stop_kind,
                            remaining_regret=regret, p_improve=p_imp, top_predicted=top)
 
@@ -757,7 +751,3 @@ class Tuner:
         if self.progress is not None:
             self.progress(message, completed)
 
-
-def run_study(cfg: TuneConfig, progress: Callable[..., None] | None = None) -> TuneOutcome:
-    """`Tuner(cfg, progress).run()`."""
-    return Tuner(cfg, progress).run()

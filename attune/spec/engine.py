@@ -119,8 +119,8 @@ ENGINES: dict[str, Engine] = {
     "torch": Engine("torch", False, 12.0, True, True, True, step_overhead="step_overhead_torch_s", attune_trainer=True,
                     nvls=False, label="attune torch runner (PyTorch, gloo/NCCL)"),
 }
-
-
+# the engine when neither the runner nor the caller names one: slime's launch, as the recipes' run blocks are
+DEFAULT_ENGINE = "slime"
 
 
 def get_engine(name: str) -> Engine:

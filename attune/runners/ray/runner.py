@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import ClassVar
 
 from attune.errors import RunnerError
-from attune.runners.base import FAILED, LOG_FILE, LOG_TAIL_CHARS, TIMEOUT, Capabilities, Runner, TrialResult, TrialSpec
+from attune.runners.base import (FAILED, LOG_FILE, LOG_TAIL_CHARS, TIMEOUT, Capabilities, Rerun, Runner, TrialResult,
+                                 TrialSpec)
 from attune.runners.ray import torch_job
 from attune.runners.ray.cluster import DEFAULT_SLOT_RESOURCE, ClusterConfig, load_cluster
 from attune.runners.ray.jobs import JobOutcome, RayJobs, submission_id
 from attune.runners.shell import check_ray_literal, ray_env_vars
-from attune.runners.torch_runner import TORCH_CAPABILITIES, torch_check
+from attune.runners.torch_runner import TORCH_CAPABILITIES, torch_check, torch_rerun
 
 __all__ = ["RayRunner", "RayPayload", "RayJob", "TorchJobPayload", "RayTorchRunner", "torch_job_result",
            "RAY_TORCH_CAPABILITIES", "DEFAULT_TIMEOUT_S"]
@@ -80,6 +81,10 @@ class RayPayload(abc.ABC):
     def parse(self, outcome: JobOutcome, spec: TrialSpec) -> TrialResult:
         """The TrialResult of a finished job, from its log and final status (pure: no I/O)."""
 
+    @abc.abstractmethod
+    def rerun(self, spec: TrialSpec) -> Rerun:
+        """The recipe's run block for ``spec`` (``Runner.rerun_command``)."""
+
 
 class RayRunner(Runner):
     """A trial as one Ray job on the cluster of ``cluster_file`` (or ``address``), running ``payload``."""
@@ -118,6 +123,9 @@ class RayRunner(Runner):
 
     def check(self, spec: TrialSpec) -> list[str]:
         return self.payload.check(self, spec)
+
+    def rerun_command(self, spec: TrialSpec) -> Rerun:
+        return self.payload.rerun(spec)
 
     def submission_id_for(self, spec: TrialSpec) -> str:
         """Deterministic per trial: study, ``spec.trial_number``, layout slug and a hash of everything that
@@ -207,6 +215,9 @@ class TorchJobPayload(RayPayload):
 
     def parse(self, outcome: JobOutcome, spec: TrialSpec) -> TrialResult:
         return torch_job_result(outcome, spec)
+
+    def rerun(self, spec: TrialSpec) -> Rerun:
+        return torch_rerun(spec)
 
 
 class RayTorchRunner(RayRunner):

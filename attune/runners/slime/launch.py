@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attune.errors import UserInputError
+from attune.recipe.models import Recipe
 from attune.recipe.target import recipe_target
 from attune.runners.ray.cluster import PATH_VARS, ClusterConfig
 from attune.runners.shell import bash_c, ray_env_vars, word
@@ -471,7 +472,7 @@ def slime_command(model: ModelSpec, cluster_spec: Cluster, layout: Layout, workl
 
 
 # ---------------------------------------------------------------------- from a recipe
-def command_for_recipe(recipe: dict, cluster_cfg: ClusterConfig | None = None, async_: bool = True,
+def command_for_recipe(recipe: dict | Recipe, cluster_cfg: ClusterConfig | None = None, async_: bool = True,
                        source: str = "recipe", save: str | None = None,
                        save_interval: int | None = None) -> LaunchCommand:
     """The slime launch of a recipe's model, gpu, layout and workload (the `attune slime command` view).

@@ -24,21 +24,24 @@ names them (``extra["crash"]``) and the log tail; past the timeout the job is st
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from attune.errors import UserInputError
-from attune.runners.base import (FAILED, LOG_TAIL_CHARS, OK, OOM, TIMEOUT, Capabilities, TrialResult, TrialSpec,
+from attune.runners.base import (FAILED, LOG_TAIL_CHARS, OK, OOM, TIMEOUT, Capabilities, Rerun, TrialResult, TrialSpec,
                                  step_time_stats)
 from attune.runners.ray.runner import RayJob, RayPayload, RayRunner
 from attune.runners.ray.jobs import JobOutcome
-from attune.runners.slime.launch import slime_command, stage_of_rank
+from attune.runners.slime.launch import LaunchError, launch_versions, slime_command, stage_of_rank
 from attune.runners.slime.logparse import CrashInfo, SlimeRun, parse_slime_log
 from attune.runners.slime.preflight import PreflightFailed, run_preflight
+from attune.spec.flags import to_flags
 from attune.spec.hardware import Cluster
 from attune.spec.model import ModelSpec
 from attune.runners.slime.tbscalars import scalars_from_log, train_metrics
 
-__all__ = ["SlimeRunner", "SlimePayload", "slime_result", "slime_run", "crash_stage", "SLIME_CAPABILITIES"]
+__all__ = ["SlimeRunner", "SlimePayload", "slime_result", "slime_rerun", "slime_run", "crash_stage",
+           "SLIME_CAPABILITIES"]
 
 # A real 20-step slime run per trial: `attune tune` defaults to 12 measured trials and 48 proposals estimated
 # per trial; flags attune does not model pass straight to slime's launch.
@@ -131,6 +134,25 @@ def slime_result(outcome: JobOutcome, spec: TrialSpec) -> TrialResult:
                               f"rollout(s) {missing}", **common)
 
 
+def slime_rerun(spec: TrialSpec) -> Rerun:
+    """slime's launch of the layout (attune.runners.slime.launch) with its environment; the stack names the slime and
+    Megatron-LM commits the launch and the flag table were written for."""
+    v = launch_versions()
+    stack = {"slime": f"{v['slime']} (the commit attune's launch and flag table were written for)",
+             "megatron_lm": f"{v['megatron_lm']} with slime's Megatron patch "
+                            f"(the commit slime pins; launch written for it)"}
+    wl = spec.workload
+    try:
+        cmd = slime_command(spec.model, spec.cluster, spec.layout, wl, steps=wl.steps)
+    except LaunchError as e:
+        # a model whose slime launch attune cannot write (GPT-OSS): the layout's Megatron flags through attune's
+        # own launcher, which names the same reason when it is run, so the recipe still records the winner
+        argv = ["attune", "run", "--runner", SlimeRunner.name, "--model", spec.model.name, "--gpus", spec.cluster.spec,
+                "--steps", str(wl.steps), "--", *to_flags(spec.layout, wl, spec.engine)]
+        return Rerun(command=f"# {e}\n" + shlex.join(argv) + "\n", stack=stack)
+    return Rerun(command=str(cmd.to_shell()), env={str(k): str(v) for k, v in cmd.env.items()}, stack=stack)
+
+
 class SlimePayload(RayPayload):
     """slime's launch of the layout as the job (``launch.sh``, written into the trial folder)."""
 
@@ -164,6 +186,9 @@ class SlimePayload(RayPayload):
 
     def parse(self, outcome: JobOutcome, spec: TrialSpec) -> TrialResult:
         return slime_result(outcome, spec)
+
+    def rerun(self, spec: TrialSpec) -> Rerun:
+        return slime_rerun(spec)
 
 
 class SlimeRunner(RayRunner):

@@ -269,7 +269,7 @@ def test_moe_kernel_fit_predicts_later_releases_it_was_not_fitted_to():
     train = corpus.only({r.id for r in corpus.expressed if not is_moe_row(r) or r.series in early})
     res = fit(train, current(), moe=True)
     assert {p.name for p in res.params} == {"moe_grouped_gemm_efficiency", "moe_alltoall_efficiency",
-                                            "moe_permutation_passes"}
+                                            "moe_permutation_passes", "blackwell_ultra_compute_ratio"}
     assert res.coefficients.shared.gemm_efficiency == current().shared.gemm_efficiency  # dense held
     held = [r for r in corpus.expressed if is_moe_row(r) and r.has_throughput and r.series not in early
             and not r.low_precision]

@@ -226,3 +226,27 @@ def test_shared_moe_coefficients_transfer_between_models():
         assert table[name]["lomo_mape"] <= 0.15, (name, table[name])
     assert table["GPT-OSS-120B"]["lomo_mape"] <= 0.25, table["GPT-OSS-120B"]
     assert all(t["in_sample_mape"] <= 0.15 for t in table.values()), table
+
+
+# ---------------------------------------------------------------------- Blackwell Ultra's sustained peak
+def test_blackwell_ultra_ratio_scales_compute_only_on_ultra_parts():
+    """``blackwell_ultra_compute_ratio`` speeds up the tensor-core work (dense and expert GEMMs, attention) of B300 /
+    GB300 only, by exactly the ratio; memory-bound passes and communication stay; B200 / GB200 ignore it."""
+    from attune.estimator.coefficients import peak_ratio
+
+    m, eng = load_model("GPT-OSS-120B"), get_engine("megatron")
+    lay = Layout(tp=1, pp=1, dp=8, ep=8, moe_dispatcher="alltoall", moe_grouped_gemm=True)
+    wl = Workload(seq_length=4096, global_batch=64)
+    nominal = dataclasses.replace(DEFAULT, blackwell_ultra_compute_ratio=1.0)
+    faster = dataclasses.replace(DEFAULT, blackwell_ultra_compute_ratio=1.2)
+    for spec, ultra in (("8xB300", True), ("8xGB300", True), ("8xB200", False), ("8xGB200", False)):
+        c = parse_cluster(spec)
+        assert c.gpu.blackwell_ultra is ultra
+        assert peak_ratio(c.gpu, faster) == (1.2 if ultra else 1.0)
+        a = estimate(m, c, lay, wl, eng, nominal).perf.breakdown
+        b = estimate(m, c, lay, wl, eng, faster).perf.breakdown
+        for k in ("fwd_gemm", "bwd_gemm", "fwd_attention", "bwd_attention"):
+            assert b.compute_s[k] == pytest.approx(a.compute_s[k] / (1.2 if ultra else 1.0), rel=1e-9), (spec, k)
+        for k in ("fwd_memory", "bwd_memory"):
+            assert b.compute_s[k] == pytest.approx(a.compute_s[k], rel=1e-9), (spec, k)
+        assert b.exposed_comm_s["ep"] == pytest.approx(a.exposed_comm_s["ep"], rel=1e-9)

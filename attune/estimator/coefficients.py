@@ -135,6 +135,13 @@ class Coefficients:
         "launch once for all local experts but schedule uneven, small per-expert problems: 0.5-1.0 of a dense GEMM "
         "of the same shape (megatron-core moe/experts.py TEGroupedMLP) [prior, fitted]",
         bounds=(0.3, 1.0), per_generation=True, moe=True)
+    blackwell_ultra_compute_ratio: float = _c(
+        1.0, "x the nominal dense tensor-core peak", "what a Blackwell Ultra GPU (B300, GB300) sustains over the peak its "
+        "datasheet shares with B200 / GB200: 160 vs 148 SMs under a 1,400 vs 1,200 W (GB300 / GB200; B300 / B200: "
+        "1,100 / 1,000 W) power limit, and twice the SFU exponent rate for softmax (NVIDIA Technical Blog 'Inside "
+        "NVIDIA Blackwell Ultra', Aug 2025; GB300 NVL72 and DGX B300 datasheets). Source value 1.0 (the datasheets' "
+        "peaks); upper bound 160/148 x 1,400/1,200 ~ 1.26 (clock headroom times SMs) [range, fitted to the MoE rows: "
+        "the corpus's only Blackwell Ultra rows]", bounds=(1.0, 1.26), moe=True)
     moe_loop_gemm_ratio: float = _c(
         0.7, "fraction of the grouped GEMM's efficiency", "without --moe-grouped-gemm megatron-core's SequentialMLP "
         "loops over the local experts with a kernel launch and a Python step each, slower than one grouped GEMM "
@@ -230,3 +237,9 @@ UNKNOWN_NAMES: names in the data file that are no field (stale after a rename; `
 def coefficients_for(gpu: GPU) -> Coefficients:
     """The coefficients for a GPU: its generation's fitted set (ampere, hopper, blackwell), else DEFAULT."""
     return BY_GENERATION.get(gpu.generation, DEFAULT)
+
+
+def peak_ratio(gpu: GPU, coef: Coefficients) -> float:
+    """Sustained over nominal tensor-core peak of ``gpu``: ``blackwell_ultra_compute_ratio`` on Blackwell Ultra parts,
+    1 elsewhere (the datasheet peak is what the GEMM efficiencies are fractions of)."""
+    return coef.blackwell_ultra_compute_ratio if gpu.blackwell_ultra else 1.0

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from attune.estimator.coefficients import peak_ratio
 from attune.estimator.costs import BF16, FP32, LayerCost, Saved, Shape
 from attune.spec.hardware import Cluster, GiB
 from attune.spec.layout import Layout
@@ -232,7 +233,7 @@ def moe_layer_times(model: ModelSpec, cluster: Cluster, layout: Layout, shape: S
     if moe is None:
         return {}
     gpu = cluster.gpu
-    peak, hbm = gpu.bf16_tflops * 1e12, gpu.hbm_gbps * 1e9 * coef.hbm_efficiency
+    peak, hbm = gpu.bf16_tflops * 1e12 * peak_ratio(gpu, coef), gpu.hbm_gbps * 1e9 * coef.hbm_efficiency
     h, f = model.hidden, moe.expert_ffn / layout.etp
     R = routed_tokens(layout, shape, moe.top_k)
     t = local_tokens(layout, shape)

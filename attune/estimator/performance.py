@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from .coefficients import Coefficients, coefficients_for
+from .coefficients import Coefficients, coefficients_for, peak_ratio
 from attune.estimator.costs import BF16, FP32, LayerCost, Shape, layer_costs, logits_flops, mtp_gemm
 from attune.estimator import offload as knob_terms
 from attune.estimator.metrics import model_flops_utilization, usd_per_million_tokens
@@ -210,7 +210,7 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
     coef = coef if coef is not None else coefficients_for(gpu)
     if gpu.is_cpu:  # CPU BLAS reaches its peak at far smaller GEMMs than GPU tiles do
         coef = replace(coef, gemm_half_dim=coef.cpu_gemm_half_dim)
-    peak = gpu.bf16_tflops * 1e12
+    peak = gpu.bf16_tflops * 1e12 * peak_ratio(gpu, coef)
     hbm = gpu.hbm_gbps * 1e9
     pl = placement or place(model, layout, workload, engine)
     b = pl.batch

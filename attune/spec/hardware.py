@@ -45,6 +45,13 @@ class GPU:
     """Dense FP8 tensor-core peak, TFLOP/s (MXFP8 runs at it on Blackwell); 0: no fp8 tensor cores (issue 22)."""
     fp4_tflops: float = 0.0
     """Dense NVFP4 tensor-core peak, TFLOP/s; 0: no fp4 tensor cores."""
+    blackwell_ultra: bool = False
+    """A Blackwell Ultra part (B300, GB300): the datasheets give it the same dense BF16 / FP8 peak as B200 /
+    GB200, but on 160 SMs instead of 148, under a higher power limit (GB300 1,400 W vs GB200 1,200 W per GPU;
+    B300 1,100 W vs B200 1,000 W) and with twice the SFU exponent rate for attention softmax (10.7 vs ~5
+    TeraExponentials/s) (NVIDIA Technical Blog "Inside NVIDIA Blackwell Ultra: The Chip Powering the AI Factory
+    Era", Aug 2025; DGX B300 and GB300 NVL72 datasheets). What it sustains above the nominal peak is fitted
+    (``Coefficients.blackwell_ultra_compute_ratio``), not assumed."""
 
     @property
     def nvlink_span(self) -> int:
@@ -168,6 +175,7 @@ GPUS: dict[str, GPU] = {
         price_source="assumed equal to AWS p6-b200.48xlarge per GPU (no public B300 list price found) [unverified]",
         source="NVIDIA DGX B300 datasheet",
         nvls=True,
+        blackwell_ultra=True,  # Blackwell Ultra (NVIDIA Blackwell Ultra technical blog, Aug 2025)
     ),
     "GB300": GPU(
         name="GB300 NVL72 (Blackwell Ultra, 288GB)",
@@ -188,6 +196,7 @@ GPUS: dict[str, GPU] = {
         nvlink_domain=72,
         nvls=True,
         generation="blackwell",
+        blackwell_ultra=True,  # Blackwell Ultra (NVIDIA Blackwell Ultra technical blog, Aug 2025)
     ),
 }
 

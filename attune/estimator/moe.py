@@ -270,6 +270,21 @@ def moe_layer_times(model: ModelSpec, cluster: Cluster, layout: Layout, shape: S
             "fwd_act_memory": act}
 
 
+def host_exposed_s(gpu_fwd_layer_s: float, engine, coef, local_experts: float = 1.0) -> float:
+    """Seconds the GPU waits for the host in one MoE layer's forward: the layer's eager launch time
+    (``moe_host_layer_s``, less with scoped CUDA graphs, plus ``moe_host_per_expert_s`` per local expert; none with
+    full-iteration graphs: ``Engine.cuda_graphs``) beyond
+    its GPU time. Dropless MoE synchronises the host on the routing counts every MoE forward, so the CPU cannot queue
+    the next layers ahead (see ``Coefficients.moe_host_layer_s``). The backward is launched by autograd's C++ engine
+    without such a sync, and is left out."""
+    mode = getattr(engine, "cuda_graphs", "none")
+    if mode == "full":
+        return 0.0
+    host = (coef.moe_host_layer_s * (coef.moe_host_scoped_fraction if mode == "scoped" else 1.0)
+            + coef.moe_host_per_expert_s * local_experts)
+    return max(0.0, host - gpu_fwd_layer_s)
+
+
 def expert_dp_comm_s(model: ModelSpec, cluster: Cluster, layout: Layout, layers: int, grad_bytes: float, coef) -> float:
     """The expert gradients' reduce-scatter and parameter all-gather over the expert data-parallel group,
     seconds (not overlapped: the conservative case); ``layers``: the stage's MoE layers."""

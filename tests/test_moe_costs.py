@@ -295,3 +295,22 @@ def test_rows_take_the_cuda_graphs_dispatcher_and_overlap_of_their_release_recip
     assert any("v0.5.0" in a for a in new.assumptions)
     gb200 = rows["mbridge-25.11-pretrain-gpt_oss_120b-dgx-gb200-64g-bf16-gbs1280"]
     assert gb200.engine.cuda_graphs == "none" and gb200.layout.recompute_modules == ("layernorm", "moe_act")
+
+
+def test_release_recipe_table_is_well_formed():
+    """Every entry of the per-release recipe table names a bundled MoE model, a known GPU and precision class, a
+    dispatcher slime / Megatron-Bridge run, and a CUDA-graph mode the estimator prices."""
+    from attune.calibrate.moe_rows import release_recipes
+    from attune.spec.hardware import GPUS
+    from attune.spec.model import bundled_names
+
+    data = release_recipes()
+    assert set(data["releases"].values()) <= set(data["recipes"])
+    names = set(bundled_names())
+    for tag, entries in data["recipes"].items():
+        assert entries, tag
+        for key, (dispatcher, overlap, graphs, recompute) in entries.items():
+            model, gpu, precision = key.split("|")
+            assert model in names and gpu in GPUS and precision in ("bf16", "fp8", "mxfp8"), (tag, key)
+            assert dispatcher in ("alltoall", "flex") and overlap in ("overlap", "no-overlap"), (tag, key)
+            assert graphs in ("none", "scoped", "full") and isinstance(recompute, list), (tag, key)

@@ -36,7 +36,7 @@ CORPUS_FILES = ("dense.yaml", "moe.yaml", "memory.yaml")
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built in: the corpus parses ~10x faster
 
 # GPU strings of the corpus -> GPU table keys. Longest names first: "GB200" contains "B200".
-_GPU_NAMES = ("GB300", "GB200", "B300", "B200", "H200", "H100", "A100")
+_GPU_NAMES = ("GB300", "GB200", "B300", "B200", "H200", "H800", "H100", "A100")
 
 def default_corpus_dir() -> Path | None:
     """``shared/measurements`` beside the checkout (``<checkout>/../shared/measurements``), if it exists."""

@@ -198,6 +198,25 @@ GPUS: dict[str, GPU] = {
         generation="blackwell",
         blackwell_ultra=True,  # Blackwell Ultra (NVIDIA Blackwell Ultra technical blog, Aug 2025)
     ),
+    "H800": GPU(
+        name="H800 SXM 80GB",
+        fp8_tflops=1978.9,  # the H100 SXM's Hopper tensor cores (NVIDIA H800 product brief; DeepSeek-V3 trained FP8 on it)
+        generation="hopper",  # NVIDIA architecture of the part
+        memory_bytes=85_029_158_912,  # 80 GB HBM3 as H100 SXM: 79.19 GiB reported by torch [assumed equal to H100's]
+        bf16_tflops=989.4,  # same SXM Hopper compute as H100: 989 dense BF16 (NVIDIA H800 product brief) [recalled]
+        hbm_gbps=3350.0,  # HBM3 3.35 TB/s as H100 SXM [recalled]
+        nvlink_gbps=200.0,  # NVLink cut to 400 GB/s bidirectional for export; DeepSeek-V3 report 3.2.2: 160 GB/s achieved
+        gpus_per_node=8,
+        internode_gbps=400.0,  # 8 x 400 Gb/s InfiniBand per node: DeepSeek-V3 report 3.2.2 "IB (50 GB/s)" per GPU
+        pcie_gbps=55.0,  # PCIe Gen5 x16, as H100
+        host_memory_bytes=2 * 1024**4,  # [assumed: as the H100 nodes of this table]
+        host_mem_gbps=600.0,  # 2-socket DDR5 host, STREAM-class [assumed]
+        usd_per_hour=6.88,  # [assumed: no public on-demand list price (export part); the H100 price]
+        price_source="assumed equal to AWS p5.48xlarge per GPU (no public H800 list price) [unverified]",
+        source="NVIDIA H800 product brief (H100 SXM compute, NVLink 400 GB/s); DeepSeek-V3 Technical Report "
+               "(arXiv 2412.19437) section 3.2.2: NVLink 160 GB/s and IB 50 GB/s achieved per GPU, 8 GPUs per node",
+        nvls=True,  # third-generation NVSwitch (HGX H800) [assumed as HGX H100]
+    ),
 }
 
 

@@ -153,4 +153,4 @@ def test_models_and_gpus_json(capsys):
     names = [m["name"] for m in json.loads(capsys.readouterr().out)]
     assert "Qwen3.6-27B" in names
     assert main(["gpus", "--json"]) == 0
-    assert {g["type"] for g in json.loads(capsys.readouterr().out)["gpus"]} == {"H100", "H200", "A100", "B200", "GB200", "B300", "GB300"}
+    assert {g["type"] for g in json.loads(capsys.readouterr().out)["gpus"]} == {"H100", "H200", "H800", "A100", "B200", "GB200", "B300", "GB300"}

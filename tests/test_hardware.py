@@ -53,3 +53,14 @@ def test_nvl72_collectives_stay_on_nvlink():
     h = parse_cluster("128xH100")
     assert _link_gbps(64, 1, gb, DEFAULT) == pytest.approx(900 * DEFAULT.nvlink_efficiency)
     assert _link_gbps(64, 1, h, DEFAULT) < 100
+
+
+def test_h800_is_hopper_with_the_export_nvlink():
+    """H800: H100 SXM compute with NVLink cut to 400 GB/s bidirectional (DeepSeek-V3 report: 160 GB/s achieved, IB
+    50 GB/s per GPU); published runs on H800 (DeepSeek's, DeepEP's figures) are readable."""
+    from attune.calibrate.corpus import _gpu_key
+
+    h800, h100 = GPUS["H800"], GPUS["H100"]
+    assert (h800.generation, h800.bf16_tflops, h800.fp8_tflops) == ("hopper", h100.bf16_tflops, h100.fp8_tflops)
+    assert h800.nvlink_gbps < h100.nvlink_gbps and h800.internode_gbps / h800.gpus_per_node == 50.0
+    assert _gpu_key("H800 (DeepSeek cluster)") == "H800" and _gpu_key("DGX-H100") == "H100"

@@ -226,3 +226,91 @@ def test_shared_moe_coefficients_transfer_between_models():
         assert table[name]["lomo_mape"] <= 0.15, (name, table[name])
     assert table["GPT-OSS-120B"]["lomo_mape"] <= 0.25, table["GPT-OSS-120B"]
     assert all(t["in_sample_mape"] <= 0.15 for t in table.values()), table
+
+
+# ---------------------------------------------------------------------- Blackwell Ultra's sustained peak
+def test_blackwell_ultra_ratio_scales_compute_only_on_ultra_parts():
+    """``blackwell_ultra_compute_ratio`` speeds up the tensor-core work (dense and expert GEMMs, attention) of B300 /
+    GB300 only, by exactly the ratio; memory-bound passes and communication stay; B200 / GB200 ignore it."""
+    from attune.estimator.coefficients import peak_ratio
+
+    m, eng = load_model("GPT-OSS-120B"), get_engine("megatron")
+    lay = Layout(tp=1, pp=1, dp=8, ep=8, moe_dispatcher="alltoall", moe_grouped_gemm=True)
+    wl = Workload(seq_length=4096, global_batch=64)
+    no_host = dataclasses.replace(DEFAULT, moe_host_layer_s=0.0, moe_host_per_expert_s=0.0)  # (priced below)
+    nominal = dataclasses.replace(no_host, blackwell_ultra_compute_ratio=1.0)
+    faster = dataclasses.replace(no_host, blackwell_ultra_compute_ratio=1.2)
+    for spec, ultra in (("8xB300", True), ("8xGB300", True), ("8xB200", False), ("8xGB200", False)):
+        c = parse_cluster(spec)
+        assert c.gpu.blackwell_ultra is ultra
+        assert peak_ratio(c.gpu, faster) == (1.2 if ultra else 1.0)
+        a = estimate(m, c, lay, wl, eng, nominal).perf.breakdown
+        b = estimate(m, c, lay, wl, eng, faster).perf.breakdown
+        for k in ("fwd_gemm", "bwd_gemm", "fwd_attention", "bwd_attention"):
+            assert b.compute_s[k] == pytest.approx(a.compute_s[k] / (1.2 if ultra else 1.0), rel=1e-9), (spec, k)
+        for k in ("fwd_memory", "bwd_memory"):
+            assert b.compute_s[k] == pytest.approx(a.compute_s[k], rel=1e-9), (spec, k)
+        assert b.exposed_comm_s["ep"] == pytest.approx(a.exposed_comm_s["ep"], rel=1e-9)
+
+
+# ---------------------------------------------------------------------- host launch time and CUDA graphs
+def test_host_launch_time_is_exposed_by_the_moe_sync_and_removed_by_cuda_graphs():
+    """The eager host time of a MoE layer's forward shows where it exceeds the layer's GPU time: less with scoped CUDA
+    graphs, none with full-iteration graphs, and hidden by a larger microbatch's GPU work; dense models never pay it."""
+    coef = dataclasses.replace(DEFAULT, moe_host_layer_s=4e-3, moe_host_per_expert_s=1e-4, moe_host_scoped_fraction=0.5)
+    eager = get_engine("megatron")
+    assert eager.cuda_graphs == "none"
+    scoped, full = dataclasses.replace(eager, cuda_graphs="scoped"), dataclasses.replace(eager, cuda_graphs="full")
+    assert M.host_exposed_s(1e-3, eager, coef, 16) == pytest.approx(4e-3 + 16e-4 - 1e-3)
+    assert M.host_exposed_s(1e-3, scoped, coef, 16) == pytest.approx(2e-3 + 16e-4 - 1e-3)
+    assert M.host_exposed_s(1e-3, full, coef, 16) == 0.0
+    assert M.host_exposed_s(1.0, eager, coef, 16) == 0.0  # the GPU is the slower: nothing exposed
+    m, c = load_model("Qwen3-30B-A3B"), parse_cluster("8xGB200")
+    lay = Layout(tp=1, pp=1, dp=8, ep=8, moe_dispatcher="flex", moe_grouped_gemm=True, moe_permute_fusion=True)
+    wl = Workload(seq_length=4096, global_batch=64)
+    ep = {e.cuda_graphs: estimate(m, c, lay, wl, e, coef).perf.breakdown.exposed_comm_s["moe_host"]
+          for e in (eager, scoped, full)}
+    assert ep["none"] > ep["scoped"] > ep["full"] == 0
+    per_mb = {mb: estimate(m, c, dataclasses.replace(lay, micro_batch_size=mb), wl, eager, coef).perf.step_time_s
+              for mb in (1, 4)}
+    no_host = dataclasses.replace(coef, moe_host_layer_s=0.0, moe_host_per_expert_s=0.0)
+    base = {mb: estimate(m, c, dataclasses.replace(lay, micro_batch_size=mb), wl, eager, no_host).perf.step_time_s
+            for mb in (1, 4)}
+    assert per_mb[1] - base[1] > per_mb[4] - base[4] >= 0  # larger microbatches hide the host
+    dense, d_lay = load_model("Qwen3-0.6B"), Layout(tp=1, pp=1, dp=8)
+    assert (estimate(dense, c, d_lay, wl, eager, coef).perf.step_time_s
+            == estimate(dense, c, d_lay, wl, eager, no_host).perf.step_time_s)
+
+
+@needs_corpus
+def test_rows_take_the_cuda_graphs_dispatcher_and_overlap_of_their_release_recipe():
+    """Megatron-Bridge's recipes change per release: Qwen3-30B-A3B MXFP8 on GB200 ran TE-scoped CUDA graphs up to 26.04.01
+    and full-iteration graphs with the expert all-to-all overlap from 26.06 (v0.5.0); a bf16 row of 25.11 falls back
+    to the v0.2.0 table."""
+    rows = {r.id: r for r in load_corpus(CORPUS).expressed}
+    old = rows["mbridge-26.04-pretrain-qwen3_30b_a3b-dgx-gb200-8g-mxfp8-gbs512"]
+    new = rows["mbridge-26.06-pretrain-qwen3_30b_a3b-dgx-gb200-8g-mxfp8-gbs512"]
+    assert (old.engine.cuda_graphs, old.layout.moe_dispatcher, old.layout.moe_ep_overlap) == ("scoped", "flex", False)
+    assert (new.engine.cuda_graphs, new.layout.moe_dispatcher, new.layout.moe_ep_overlap) == ("full", "flex", True)
+    assert any("v0.5.0" in a for a in new.assumptions)
+    gb200 = rows["mbridge-25.11-pretrain-gpt_oss_120b-dgx-gb200-64g-bf16-gbs1280"]
+    assert gb200.engine.cuda_graphs == "none" and gb200.layout.recompute_modules == ("layernorm", "moe_act")
+
+
+def test_release_recipe_table_is_well_formed():
+    """Every entry of the per-release recipe table names a bundled MoE model, a known GPU and precision class, a
+    dispatcher slime / Megatron-Bridge run, and a CUDA-graph mode the estimator prices."""
+    from attune.calibrate.moe_rows import release_recipes
+    from attune.spec.hardware import GPUS
+    from attune.spec.model import bundled_names
+
+    data = release_recipes()
+    assert set(data["releases"].values()) <= set(data["recipes"])
+    names = set(bundled_names())
+    for tag, entries in data["recipes"].items():
+        assert entries, tag
+        for key, (dispatcher, overlap, graphs, recompute) in entries.items():
+            model, gpu, precision = key.split("|")
+            assert model in names and gpu in GPUS and precision in ("bf16", "fp8", "mxfp8"), (tag, key)
+            assert dispatcher in ("alltoall", "flex") and overlap in ("overlap", "no-overlap"), (tag, key)
+            assert graphs in ("none", "scoped", "full") and isinstance(recompute, list), (tag, key)

@@ -36,7 +36,7 @@ CORPUS_FILES = ("dense.yaml", "moe.yaml", "memory.yaml")
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built in: the corpus parses ~10x faster
 
 # GPU strings of the corpus -> GPU table keys. Longest names first: "GB200" contains "B200".
-_GPU_NAMES = ("GB300", "GB200", "B300", "B200", "H200", "H100", "A100")
+_GPU_NAMES = ("GB300", "GB200", "B300", "B200", "H200", "H800", "H100", "A100")
 
 def default_corpus_dir() -> Path | None:
     """``shared/measurements`` beside the checkout (``<checkout>/../shared/measurements``), if it exists."""
@@ -297,7 +297,7 @@ def _series(row: dict) -> str:
 
 
 def _moe_layout(row: dict, layout: Layout, model: ModelSpec, engine: Engine, wl: Workload,
-                assumptions: list[str], gpu_key: str = "") -> Layout:
+                assumptions: list[str], gpu_key: str = "") -> tuple[Layout, str]:
     """The row's expert parallel sizes and MoE settings (``attune.calibrate.moe_rows``: dispatcher, expert
     all-to-all overlap, the recipe's recompute modules where the row states none) on top of its dense layout."""
     ep = int(row.get("ep") or 1)
@@ -330,7 +330,7 @@ def _moe_layout(row: dict, layout: Layout, model: ModelSpec, engine: Engine, wl:
     broken = check(lay, model, lay.world_size, wl, engine)
     if broken:
         raise _Unexpressed(f"layout rule: {broken[0]}")
-    return lay
+    return lay, st["graphs"]
 
 
 def _with_precision(layout: Layout, lp_fields: dict, model: ModelSpec, engine: Engine, wl: Workload, cluster) -> Layout:
@@ -385,7 +385,8 @@ def read_row(row: dict, file: str) -> CorpusRow:
         cluster = parse_cluster(f"{int(_need(row, 'num_gpus'))}x{key}")
         layout, wl = _layout(row, model, engine, assumptions, check_rules=not bundled)
         if bundled:
-            layout = _moe_layout(row, layout, model, engine, wl, assumptions, key)
+            layout, graphs = _moe_layout(row, layout, model, engine, wl, assumptions, key)
+            engine = replace(engine, cuda_graphs=graphs) if graphs != engine.cuda_graphs else engine
         if lp_fields:
             layout = _with_precision(layout, lp_fields, model, engine, wl, cluster)
         tps = _throughput(row) if file != "memory.yaml" else None

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from importlib import resources
+
+import yaml
 
 from attune.errors import AttuneError
 from attune.spec.model import ModelSpec, bundled_names, load_model
@@ -118,22 +121,46 @@ def resolve_moe_model(g: dict) -> tuple[ModelSpec | None, str]:
 # all-to-all overlap (``moe_a2a_overlap`` -> overlap_moe_expert_parallel_comm, utils/overrides.py
 # _set_moe_a2a_overlap_overrides) and ``recompute_modules``.
 MBRIDGE_RECIPES: dict[tuple[str, str], dict] = {
-    ("DeepSeek-V3", "GB300"): dict(dispatcher="flex", overlap=False, recompute=("moe_act",)),
-    ("DeepSeek-V3", "GB200"): dict(dispatcher="flex", overlap=False, recompute=("mla_up_proj",)),
+    ("DeepSeek-V3", "GB300"): dict(dispatcher="flex", overlap=False, recompute=("moe_act",), graphs="scoped"),
+    ("DeepSeek-V3", "GB200"): dict(dispatcher="flex", overlap=False, recompute=("mla_up_proj",), graphs="scoped"),
     ("DeepSeek-V3", "B200"): dict(dispatcher="alltoall", overlap=False, recompute=("mla_up_proj",)),
     ("DeepSeek-V3", "H100"): dict(dispatcher="flex", overlap=True, recompute=("mla_up_proj", "mlp")),
-    ("Qwen3-235B-A22B", "GB300"): dict(dispatcher="flex", overlap=False, recompute=()),
-    ("Qwen3-235B-A22B", "GB200"): dict(dispatcher="flex", overlap=False, recompute=()),
+    ("Qwen3-235B-A22B", "GB300"): dict(dispatcher="flex", overlap=False, recompute=(), graphs="scoped"),
+    ("Qwen3-235B-A22B", "GB200"): dict(dispatcher="flex", overlap=False, recompute=(), graphs="scoped"),
     ("Qwen3-235B-A22B", "B200"): dict(dispatcher="alltoall", overlap=True, recompute=()),
     ("Qwen3-235B-A22B", "H100"): dict(dispatcher="alltoall", overlap=True, recompute=()),
-    ("Qwen3-30B-A3B", "GB300"): dict(dispatcher="flex", overlap=False, recompute=()),
-    ("Qwen3-30B-A3B", "GB200"): dict(dispatcher="flex", overlap=False, recompute=()),
-    ("GPT-OSS-120B", "GB300"): dict(dispatcher="alltoall", overlap=False, recompute=()),
+    ("Qwen3-30B-A3B", "GB300"): dict(dispatcher="flex", overlap=False, recompute=(), graphs="scoped"),
+    ("Qwen3-30B-A3B", "GB200"): dict(dispatcher="flex", overlap=False, recompute=(), graphs="scoped"),
+    ("GPT-OSS-120B", "GB300"): dict(dispatcher="alltoall", overlap=False, recompute=(), graphs="scoped"),
     ("GPT-OSS-120B", "GB200"): dict(dispatcher="alltoall", overlap=False, recompute=("layernorm", "moe_act")),
     ("GPT-OSS-120B", "B200"): dict(dispatcher="alltoall", overlap=False, recompute=("layernorm", "moe_act")),
     ("GPT-OSS-120B", "H100"): dict(dispatcher="alltoall", overlap=False, recompute=("layernorm", "moe_act")),
 }
 RECIPE_SOURCE = "Megatron-Bridge v0.2.0 scripts/performance/configs/*/workload_base_configs.py"
+# (``graphs``: cuda_graph_impl "transformer_engine" with its cuda_graph_scope in the same files -> "scoped"; absent ->
+# "none": attune.spec.engine.Engine.cuda_graphs)
+
+
+@lru_cache(maxsize=1)
+def release_recipes() -> dict:
+    """Megatron-Bridge's performance recipes of the later releases (package data ``mbridge_recipes.yaml``)."""
+    return yaml.safe_load(resources.files("attune.calibrate").joinpath("mbridge_recipes.yaml").read_text("utf-8"))
+
+
+def release_recipe(row: dict, model: ModelSpec, gpu_key: str) -> tuple[dict | None, str]:
+    """(the settings of the row's release recipe, where they were read) or (None, "") when the row's release (its
+    ``series``, ``mbridge-perf-summary-<release>``) or its model / GPU / precision has no entry."""
+    m = re.search(r"mbridge-perf-summary-([\d.]+)$", str(row.get("series") or ""))
+    data = release_recipes()
+    tag = data["releases"].get(m.group(1)) if m else None
+    if tag is None:
+        return None, ""
+    entry = data["recipes"].get(tag, {}).get(f"{model.name}|{gpu_key}|{row.get('precision_class') or 'bf16'}")
+    if entry is None:
+        return None, ""
+    dispatcher, overlap, graphs, recompute = entry
+    return (dict(dispatcher=dispatcher, overlap=overlap == "overlap", graphs=graphs, recompute=tuple(recompute)),
+            f"Megatron-Bridge {tag} {data['source']}")
 
 _FLEX = re.compile(r"deepep|hybrid-?ep|\bflex\b|moe_flex_dispatcher_backend|moe-enable-deepep", re.I)
 _A2A = re.compile(r"alltoall dispatcher|dispatcher(?:[-_]type)?[ =:]+alltoall", re.I)
@@ -159,7 +186,9 @@ def moe_settings(row: dict, model: ModelSpec, gpu_key: str, engine_name: str) ->
     """(dispatcher, overlap, recompute-or-None) the row states or its recipe sets, with the assumptions named."""
     text = row_text(row)
     notes: list[str] = []
-    recipe = MBRIDGE_RECIPES.get((model.name, gpu_key)) if engine_name == "megatron-bridge" else None
+    recipe, source = release_recipe(row, model, gpu_key) if engine_name == "megatron-bridge" else (None, "")
+    if recipe is None and engine_name == "megatron-bridge":
+        recipe, source = MBRIDGE_RECIPES.get((model.name, gpu_key)), RECIPE_SOURCE
     if _FLEX.search(text):
         dispatcher = "flex"
         notes.append("MoE: flex dispatcher (DeepEP / HybridEP), as the row states")
@@ -168,7 +197,7 @@ def moe_settings(row: dict, model: ModelSpec, gpu_key: str, engine_name: str) ->
         notes.append("MoE: alltoall dispatcher, as the row states")
     elif recipe:
         dispatcher = recipe["dispatcher"]
-        notes.append(f"MoE: {dispatcher} dispatcher (the {model.name} {gpu_key} recipe: {RECIPE_SOURCE}) [assumed]")
+        notes.append(f"MoE: {dispatcher} dispatcher (the {model.name} {gpu_key} recipe: {source}) [assumed]")
     else:
         dispatcher = "alltoall"
         notes.append("MoE: alltoall dispatcher (Megatron-Bridge's MoE model providers' default) [assumed]")
@@ -178,8 +207,11 @@ def moe_settings(row: dict, model: ModelSpec, gpu_key: str, engine_name: str) ->
     else:
         overlap = bool(recipe and recipe["overlap"])
         if overlap:
-            notes.append(f"MoE: expert all-to-all overlap (moe_a2a_overlap in the recipe: {RECIPE_SOURCE}) [assumed]")
+            notes.append(f"MoE: expert all-to-all overlap (moe_a2a_overlap in the recipe: {source}) [assumed]")
     recompute = recipe["recompute"] if recipe else None
+    graphs = (recipe or {}).get("graphs", "none")
+    if recipe and graphs != "none":
+        notes.append(f"CUDA graphs: {graphs} (the recipe's cuda_graph_impl: {source}) [assumed]")
     # Megatron-Bridge's "tokendrop" runs: apply_moe_token_drop (capacity factor 1, inputs padded to capacity) and
     # no forced balance (v0.2.0 scripts/performance/utils/helpers.py lines 226-229); "w/ MTP": the MTP layer trained
     label = f"{(row.get('model') or {}).get('name') or ''} {row.get('id') or ''}"  # the run's label, not the notes
@@ -190,4 +222,5 @@ def moe_settings(row: dict, model: ModelSpec, gpu_key: str, engine_name: str) ->
                 and model.mtp_layers) else 0
     if mtp:
         notes.append("MTP: one multi-token-prediction layer trained (the row's 'w/ MTP')")
-    return dict(dispatcher=dispatcher, overlap=overlap, recompute=recompute, capacity=capacity, mtp=mtp), notes
+    return dict(dispatcher=dispatcher, overlap=overlap, recompute=recompute, capacity=capacity, mtp=mtp,
+                graphs=graphs), notes

@@ -81,7 +81,8 @@ def print_explain(est: Estimate, con: Console | None = None) -> None:
     st.add_column("seconds", justify="right")
     st.add_column("share", justify="right")
     rows = [(f"compute {k.replace('_', ' ')}", v) for k, v in br.compute_s.items() if v]
-    rows += [(f"exposed {k.upper()} communication", v) for k, v in br.exposed_comm_s.items() if v]
+    rows += [("exposed host launch time (MoE routing sync)" if k == "moe_host" else f"exposed {k.upper()} communication",
+              v) for k, v in br.exposed_comm_s.items() if v]
     rows += [("pipeline bubble", br.bubble_s), ("optimizer", br.optimizer_s), ("per-step overhead", br.overhead_s)]
     total = br.total_s
     for name, v in rows:

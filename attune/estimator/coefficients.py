@@ -135,6 +135,31 @@ class Coefficients:
         "launch once for all local experts but schedule uneven, small per-expert problems: 0.5-1.0 of a dense GEMM "
         "of the same shape (megatron-core moe/experts.py TEGroupedMLP) [prior, fitted]",
         bounds=(0.3, 1.0), per_generation=True, moe=True)
+    blackwell_ultra_compute_ratio: float = _c(
+        1.0, "x the nominal dense tensor-core peak", "what a Blackwell Ultra GPU (B300, GB300) sustains over the peak its "
+        "datasheet shares with B200 / GB200: 160 vs 148 SMs under a 1,400 vs 1,200 W (GB300 / GB200; B300 / B200: "
+        "1,100 / 1,000 W) power limit, and twice the SFU exponent rate for softmax (NVIDIA Technical Blog 'Inside "
+        "NVIDIA Blackwell Ultra', Aug 2025; GB300 NVL72 and DGX B300 datasheets). Source value 1.0 (the datasheets' "
+        "peaks); upper bound 160/148 x 1,400/1,200 ~ 1.26 (clock headroom times SMs) [range, fitted to the MoE rows: "
+        "the corpus's only Blackwell Ultra rows]", bounds=(1.0, 1.26), moe=True)
+    moe_host_layer_s: float = _c(
+        5e-3, "s per MoE layer forward", "CPU time to launch one MoE layer's forward in eager mode (norms, attention, "
+        "router, permutation, dispatch, grouped GEMMs, combine: a few hundred PyTorch / TE ops at ~5-20 us of host "
+        "dispatch each [range, fitted]). It is exposed where it exceeds the layer's GPU time, because the CPU cannot "
+        "run ahead across a dropless MoE layer: megatron-core synchronises the host on the routing counts every MoE "
+        "forward (Megatron-LM 1dcf0daf moe/experts.py line 663 tokens_per_expert.tolist(); the alltoall dispatcher's "
+        "cuda_sync_point before the EP all-to-all, moe/token_dispatcher.py lines 427-448 and 566)",
+        bounds=(0.0, 0.012), moe=True)
+    moe_host_per_expert_s: float = _c(
+        50e-6, "s per local expert per MoE layer forward", "host work per local expert that no scoped CUDA graph covers "
+        "(the experts are outside the attn / moe_router / moe_preprocess scopes): TE's GroupedLinear loops in Python "
+        "over its num_gemms = local experts (input split, per-GEMM quantizers, the weight list), and megatron-core "
+        "adds biased experts' outputs per expert in a Python loop (Megatron-LM 1dcf0daf moe/experts.py lines 626-643); "
+        "~10-100 us per expert [range, fitted]", bounds=(0.0, 5e-4), moe=True)
+    moe_host_scoped_fraction: float = _c(
+        0.6, "fraction of moe_host_layer_s", "what stays on the host with transformer_engine CUDA graphs of some "
+        "modules (--cuda-graph-scope attn / moe_router / moe_preprocess: each graphed module is one launch); "
+        "full-iteration graphs leave none [prior, fitted]", bounds=(0.1, 1.0), moe=True)
     moe_loop_gemm_ratio: float = _c(
         0.7, "fraction of the grouped GEMM's efficiency", "without --moe-grouped-gemm megatron-core's SequentialMLP "
         "loops over the local experts with a kernel launch and a Python step each, slower than one grouped GEMM "
@@ -150,7 +175,8 @@ class Coefficients:
         0.9, "fraction of the NVLink / NIC line rate", "the flex dispatcher's DeepEP / HybridEP kernels: DeepEP's normal "
         "kernels reach 153-158 GB/s of H800's ~160 GB/s NVLink inside a node and 43-58 GB/s (logical) of a CX7 "
         "400 Gb/s NIC's ~50 GB/s across nodes at EP 16-64 (deepseek-ai/DeepEP docs/legacy.md, 'Normal kernels "
-        "with NVLink and RDMA forwarding'; the V2 README: 90 GB/s logical RDMA at EP 8x2) [source value, not fitted]")
+        "with NVLink and RDMA forwarding'; the V2 README: 90 GB/s logical RDMA at EP 8x2) [source value, not fitted: "
+        "freed, the fit puts it at its upper bound 0.95, carried by DeepSeek-V3 and Qwen3-235B on NVL72 (issue 21/22)]")
     moe_permutation_passes: float = _c(
         4.0, "HBM passes over the routed tokens' hidden states (unfused; fused: half)", "permute and unpermute each "
         "read and write every routed token (moe/moe_utils.py permute / unpermute); the fused kernels "
@@ -177,8 +203,9 @@ class Coefficients:
     fp8_blockwise_gemm_ratio: float = _c(
         0.85, "fraction of the tensor-scaled fp8 GEMM efficiency", "blockwise scaling (1x128 activation, 128x128 "
         "weight blocks, fp32 scales) applies the scales in the GEMM's main loop (DeepSeek-V3 tech report section "
-        "3.3; TE Float8BlockScaling): 0.7-1.0 of a tensor-scaled fp8 GEMM [range, fitted]",
-        bounds=(0.6, 1.0), precision=True)
+        "3.3; TE Float8BlockScaling): 0.7-1.0 of a tensor-scaled fp8 GEMM [range; not fitted: the corpus has one "
+        "blockwise row (DeepSeek-V3 on 1,024 H100, Megatron-Bridge 25.09's alternate granularity), whose error is "
+        "its EP 64 all-to-all's as much as its GEMMs', and the fit drove the ratio to its bound]", precision=True)
     mxfp8_gemm_efficiency: float = _c(
         0.60, "fraction of the dense FP8 peak", "MXFP8 (E8M0 scale per 32 elements) GEMMs on Blackwell tensor cores, "
         "which apply the block scales in hardware: 0.5-0.8 of the fp8 peak (NVIDIA Blackwell architecture "
@@ -230,3 +257,9 @@ UNKNOWN_NAMES: names in the data file that are no field (stale after a rename; `
 def coefficients_for(gpu: GPU) -> Coefficients:
     """The coefficients for a GPU: its generation's fitted set (ampere, hopper, blackwell), else DEFAULT."""
     return BY_GENERATION.get(gpu.generation, DEFAULT)
+
+
+def peak_ratio(gpu: GPU, coef: Coefficients) -> float:
+    """Sustained over nominal tensor-core peak of ``gpu``: ``blackwell_ultra_compute_ratio`` on Blackwell Ultra parts,
+    1 elsewhere (the datasheet peak is what the GEMM efficiencies are fractions of)."""
+    return coef.blackwell_ultra_compute_ratio if gpu.blackwell_ultra else 1.0

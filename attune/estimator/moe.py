@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from attune.estimator.coefficients import peak_ratio
 from attune.estimator.costs import BF16, FP32, LayerCost, Saved, Shape
 from attune.spec.hardware import Cluster, GiB
 from attune.spec.layout import Layout
@@ -232,7 +233,7 @@ def moe_layer_times(model: ModelSpec, cluster: Cluster, layout: Layout, shape: S
     if moe is None:
         return {}
     gpu = cluster.gpu
-    peak, hbm = gpu.bf16_tflops * 1e12, gpu.hbm_gbps * 1e9 * coef.hbm_efficiency
+    peak, hbm = gpu.bf16_tflops * 1e12 * peak_ratio(gpu, coef), gpu.hbm_gbps * 1e9 * coef.hbm_efficiency
     h, f = model.hidden, moe.expert_ffn / layout.etp
     R = routed_tokens(layout, shape, moe.top_k)
     t = local_tokens(layout, shape)
@@ -267,6 +268,21 @@ def moe_layer_times(model: ModelSpec, cluster: Cluster, layout: Layout, shape: S
     return {"fwd_gemm": gemm + router, "bwd_gemm": 2 * (gemm + router), "fwd_memory": mem,
             "bwd_memory": coef.backward_memory_ratio * mem, "ep_fwd": ep_fwd, "ep_bwd": ep_bwd,
             "fwd_act_memory": act}
+
+
+def host_exposed_s(gpu_fwd_layer_s: float, engine, coef, local_experts: float = 1.0) -> float:
+    """Seconds the GPU waits for the host in one MoE layer's forward: the layer's eager launch time
+    (``moe_host_layer_s``, less with scoped CUDA graphs, plus ``moe_host_per_expert_s`` per local expert; none with
+    full-iteration graphs: ``Engine.cuda_graphs``) beyond
+    its GPU time. Dropless MoE synchronises the host on the routing counts every MoE forward, so the CPU cannot queue
+    the next layers ahead (see ``Coefficients.moe_host_layer_s``). The backward is launched by autograd's C++ engine
+    without such a sync, and is left out."""
+    mode = getattr(engine, "cuda_graphs", "none")
+    if mode == "full":
+        return 0.0
+    host = (coef.moe_host_layer_s * (coef.moe_host_scoped_fraction if mode == "scoped" else 1.0)
+            + coef.moe_host_per_expert_s * local_experts)
+    return max(0.0, host - gpu_fwd_layer_s)
 
 
 def expert_dp_comm_s(model: ModelSpec, cluster: Cluster, layout: Layout, layers: int, grad_bytes: float, coef) -> float:

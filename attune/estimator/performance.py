@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from .coefficients import Coefficients, coefficients_for
+from .coefficients import Coefficients, coefficients_for, peak_ratio
 from attune.estimator.costs import BF16, FP32, LayerCost, Shape, layer_costs, logits_flops, mtp_gemm
 from attune.estimator import offload as knob_terms
 from attune.estimator.metrics import model_flops_utilization, usd_per_million_tokens
@@ -25,7 +25,7 @@ from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
 from attune.spec.placement import Placement, StagePlacement, mtp_kind, place, stage_params
-from attune.spec.model import FULL, LINEAR, ModelSpec
+from attune.spec.model import FULL, LINEAR, ModelSpec, is_dense_kind
 
 # megatron-core DistributedDataParallelConfig.bucket_size default: max(40,000,000, 1,000,000 x DP) parameters
 DDP_BUCKET_MIN_PARAMS = 40_000_000
@@ -36,10 +36,11 @@ CPU_ADAM_BYTES_PER_PARAM = 28
 OFFLOAD_PCIE_BYTES_PER_PARAM = FP32 + FP32
 
 PARTS = ("fwd_gemm", "fwd_attention", "fwd_gdn", "fwd_memory", "bwd_gemm", "bwd_attention", "bwd_gdn",
-         "bwd_memory", "recompute", "tp_comm", "cp_comm", "pp_comm", "ep_comm", "act_offload")
+         "bwd_memory", "recompute", "tp_comm", "cp_comm", "pp_comm", "ep_comm", "act_offload", "moe_host")
 """Per-microbatch parts of a stage's time: compute by kind, recompute, exposed communication by kind (PCIe
-activation offload traffic included: ``act_offload``)."""
-COMM_PARTS = ("tp_comm", "cp_comm", "pp_comm", "ep_comm", "act_offload")
+activation offload traffic included: ``act_offload``), and the host launch time a MoE layer's routing sync exposes
+(``moe_host``: attune.estimator.moe.host_exposed_s)."""
+COMM_PARTS = ("tp_comm", "cp_comm", "pp_comm", "ep_comm", "act_offload", "moe_host")
 
 
 @dataclass
@@ -210,7 +211,7 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
     coef = coef if coef is not None else coefficients_for(gpu)
     if gpu.is_cpu:  # CPU BLAS reaches its peak at far smaller GEMMs than GPU tiles do
         coef = replace(coef, gemm_half_dim=coef.cpu_gemm_half_dim)
-    peak = gpu.bf16_tflops * 1e12
+    peak = gpu.bf16_tflops * 1e12 * peak_ratio(gpu, coef)
     hbm = gpu.hbm_gbps * 1e9
     pl = placement or place(model, layout, workload, engine)
     b = pl.batch
@@ -274,6 +275,13 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
                     parts["bwd_" + key] += ch.moe * moe_t["bwd_" + key]
                 parts["recompute"] += k_moe * (moe_t["fwd_gemm"] + moe_t["fwd_memory"])
                 parts["ep_comm"] += (ch.moe + k_moe) * moe_t["ep_fwd"] + ch.moe * moe_t["ep_bwd"]
+                # the host launch time a MoE layer's routing sync exposes (attune.estimator.moe.host_exposed_s)
+                mk = [(kk, n) for kk, n in kinds if not is_dense_kind(kk)] or list(kinds)
+                dense_fwd = sum(n * sum(times[kk][x] for x in ("fwd_gemm", "fwd_attention", "fwd_gdn", "fwd_memory",
+                                                               "tp_fwd", "cp_fwd")) for kk, n in mk) / max(1, sum(n for _, n in mk))
+                gpu_fwd = dense_fwd + moe_t["fwd_gemm"] + moe_t["fwd_memory"] + moe_t["ep_fwd"]
+                parts["moe_host"] += ch.moe * moe_terms.host_exposed_s(gpu_fwd, engine, coef,
+                                                                       model.moe.experts / layout.ep)
             if layout.recompute_granularity == "selective":
                 # the recomputed modules' forward re-run in backward (core_attn by default; attune.estimator.offload)
                 for kind, n in kinds:  # the full kind: MoE and dense-MLP layers take different modules
@@ -390,7 +398,7 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
         critical_stage=stages[crit].stage, microbatches=m,
         compute_s={k: m * cp_[k] for k in PARTS if k not in COMM_PARTS},
         exposed_comm_s={"tp": m * cp_["tp_comm"], "cp": m * cp_["cp_comm"], "pp": m * cp_["pp_comm"],
-                        **({"ep": m * cp_["ep_comm"]} if moe_t else {}),
+                        **({"ep": m * cp_["ep_comm"], "moe_host": m * cp_["moe_host"]} if moe_t else {}),
                         **({"act_offload": m * cp_["act_offload"]} if layout.offload_modules else {}), "dp": dp_s},
         bubble_s=bubble, optimizer_s=optimizer_s, overhead_s=overhead)
     return PerfEstimate(step, tps, mfu, usd, pipeline, bubble, dp_s, optimizer_s, overhead, stages, breakdown)

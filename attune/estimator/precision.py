@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from .coefficients import Coefficients
+from .coefficients import Coefficients, peak_ratio
 from attune.estimator import moe as moe_terms
 from attune.estimator.costs import BF16, FP32, LayerCost, Shape
 from attune.spec.engine import Engine
@@ -121,7 +121,7 @@ def plan(layout: Layout, gpu: GPU, coef: Coefficients) -> Plan | None:
     data = 0.5 if recipe == "nvfp4" else 1.0
     scale = {"fp8-blockwise": FP32 / 128, "mxfp8": 1 / 32, "nvfp4": 1 / 16}.get(recipe, 0.0)
     copies = 1 if (blackwell and recipe in ("fp8-delayed", "fp8-tensorwise")) else 2
-    return Plan(recipe=recipe, peak=peak * 1e12, efficiency=eff, data_bytes=data, scale_bytes=scale,
+    return Plan(recipe=recipe, peak=peak * 1e12 * peak_ratio(gpu, coef), efficiency=eff, data_bytes=data, scale_bytes=scale,
                 weight_copies=copies, amax_pass=recipe == "fp8-tensorwise", param_gather=layout.fp8_param_gather,
                 amax_history=1 if recipe == "fp8-delayed" else 0)
 

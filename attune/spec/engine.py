@@ -86,6 +86,13 @@ class Engine:
     # 2022 section 4.1: 2 x s*b*h bytes per layer); the 2023+ performance recipes train with hidden and
     # attention dropout 0 (NeMo / Megatron-Bridge GPT and Nemotron configs), which keeps no mask
     hidden_dropout_masks: bool = False
+    # CUDA graphs of the training step (megatron-core --cuda-graph-impl / --cuda-graph-scope): "none" (eager: the
+    # CPU launches every kernel; slime's and Megatron-LM's launches), "scoped" (transformer_engine graphs of some
+    # modules: attn, moe_router, moe_preprocess; the rest eager) or "full" (full_iteration: the whole step replayed,
+    # no host launches). Megatron-Bridge's performance recipes set it per model, GPU and release
+    # (attune/calibrate/mbridge_recipes.yaml); it prices the host launch time the MoE layers' device-to-host syncs
+    # expose (attune.estimator.moe.host_exposed_s)
+    cuda_graphs: str = "none"
 
 
 ENGINES: dict[str, Engine] = {

@@ -45,6 +45,13 @@ class GPU:
     """Dense FP8 tensor-core peak, TFLOP/s (MXFP8 runs at it on Blackwell); 0: no fp8 tensor cores (issue 22)."""
     fp4_tflops: float = 0.0
     """Dense NVFP4 tensor-core peak, TFLOP/s; 0: no fp4 tensor cores."""
+    blackwell_ultra: bool = False
+    """A Blackwell Ultra part (B300, GB300): the datasheets give it the same dense BF16 / FP8 peak as B200 /
+    GB200, but on 160 SMs instead of 148, under a higher power limit (GB300 1,400 W vs GB200 1,200 W per GPU;
+    B300 1,100 W vs B200 1,000 W) and with twice the SFU exponent rate for attention softmax (10.7 vs ~5
+    TeraExponentials/s) (NVIDIA Technical Blog "Inside NVIDIA Blackwell Ultra: The Chip Powering the AI Factory
+    Era", Aug 2025; DGX B300 and GB300 NVL72 datasheets). What it sustains above the nominal peak is fitted
+    (``Coefficients.blackwell_ultra_compute_ratio``), not assumed."""
 
     @property
     def nvlink_span(self) -> int:
@@ -168,6 +175,7 @@ GPUS: dict[str, GPU] = {
         price_source="assumed equal to AWS p6-b200.48xlarge per GPU (no public B300 list price found) [unverified]",
         source="NVIDIA DGX B300 datasheet",
         nvls=True,
+        blackwell_ultra=True,  # Blackwell Ultra (NVIDIA Blackwell Ultra technical blog, Aug 2025)
     ),
     "GB300": GPU(
         name="GB300 NVL72 (Blackwell Ultra, 288GB)",
@@ -188,6 +196,26 @@ GPUS: dict[str, GPU] = {
         nvlink_domain=72,
         nvls=True,
         generation="blackwell",
+        blackwell_ultra=True,  # Blackwell Ultra (NVIDIA Blackwell Ultra technical blog, Aug 2025)
+    ),
+    "H800": GPU(
+        name="H800 SXM 80GB",
+        fp8_tflops=1978.9,  # the H100 SXM's Hopper tensor cores (NVIDIA H800 product brief; DeepSeek-V3 trained FP8 on it)
+        generation="hopper",  # NVIDIA architecture of the part
+        memory_bytes=85_029_158_912,  # 80 GB HBM3 as H100 SXM: 79.19 GiB reported by torch [assumed equal to H100's]
+        bf16_tflops=989.4,  # same SXM Hopper compute as H100: 989 dense BF16 (NVIDIA H800 product brief) [recalled]
+        hbm_gbps=3350.0,  # HBM3 3.35 TB/s as H100 SXM [recalled]
+        nvlink_gbps=200.0,  # NVLink cut to 400 GB/s bidirectional for export; DeepSeek-V3 report 3.2.2: 160 GB/s achieved
+        gpus_per_node=8,
+        internode_gbps=400.0,  # 8 x 400 Gb/s InfiniBand per node: DeepSeek-V3 report 3.2.2 "IB (50 GB/s)" per GPU
+        pcie_gbps=55.0,  # PCIe Gen5 x16, as H100
+        host_memory_bytes=2 * 1024**4,  # [assumed: as the H100 nodes of this table]
+        host_mem_gbps=600.0,  # 2-socket DDR5 host, STREAM-class [assumed]
+        usd_per_hour=6.88,  # [assumed: no public on-demand list price (export part); the H100 price]
+        price_source="assumed equal to AWS p5.48xlarge per GPU (no public H800 list price) [unverified]",
+        source="NVIDIA H800 product brief (H100 SXM compute, NVLink 400 GB/s); DeepSeek-V3 Technical Report "
+               "(arXiv 2412.19437) section 3.2.2: NVLink 160 GB/s and IB 50 GB/s achieved per GPU, 8 GPUs per node",
+        nvls=True,  # third-generation NVSwitch (HGX H800) [assumed as HGX H100]
     ),
 }
 

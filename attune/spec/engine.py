@@ -91,6 +91,11 @@ class Engine:
     # 2022 section 4.1: 2 x s*b*h bytes per layer); the 2023+ performance recipes train with hidden and
     # attention dropout 0 (NeMo / Megatron-Bridge GPT and Nemotron configs), which keeps no mask
     hidden_dropout_masks: bool = False
+    # the column-parallel linears' backward launches the input-gradient TP all-reduce (reduce-scatter under SP)
+    # asynchronously and computes the weight gradient under it: megatron-core tensor_parallel/layers.py lines
+    # 548-566 at 1dcf0daf (and TE's linears); in Megatron-LM since 2021 (--no-async-tensor-model-parallel-allreduce,
+    # so in the 2022 papers' v3.0). Off for Megatron-DeepSpeed, whose BigScience fork predates it [unverified]
+    async_dgrad: bool = True
 
 
 ENGINES: dict[str, Engine] = {
@@ -118,7 +123,7 @@ ENGINES: dict[str, Engine] = {
     "megatron-deepspeed": Engine("megatron-deepspeed", False, 6.0, False, False, False,
                                  step_overhead="step_overhead_megatron_s", attention_kernel="unfused",
                                  hidden_dropout_masks=True, fp16_grads_in_fp32=True,
-                                 era_without_sp_and_dist_optimizer=True,
+                                 era_without_sp_and_dist_optimizer=True, async_dgrad=False,
                                  label="Megatron-DeepSpeed (2022: megatron-legacy's model code, DeepSpeed's pipeline)"),
     # attune's own PyTorch runner: fp32 log-softmax over full logits (logits + log_softmax + grad)
     "torch": Engine("torch", False, 12.0, True, True, True, step_overhead="step_overhead_torch_s", attune_trainer=True,

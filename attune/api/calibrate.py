@@ -11,6 +11,8 @@ import attune
 from attune.calibrate.corpus import load_corpus
 from attune.calibrate.fit import FitResult, current, moe_transfer_table, write_data
 from attune.calibrate.precision_fit import fit_all_stages, pairs_markdown
+from attune.calibrate.ranking import (SweepScore, leave_one_series_out_table, loso_markdown, sweeps,
+                                      sweeps_markdown)
 from attune.calibrate.report import (Prediction, SeriesScore, default_coefficients, markdown, predict, scores,
                                      write_csv, write_parity_png)
 from attune.calibrate.rows import Corpus, CorpusRow
@@ -53,6 +55,10 @@ class CalibrationOutcome:
     """Names in the shipped data file that are no coefficient (a renamed field: refit)."""
     moe_transfer: tuple[dict, ...] = ()
     """Per MoE model: in-sample and leave-one-model-out MAPE / bias (``moe_transfer_table``)."""
+    sweeps: tuple[SweepScore, ...] = ()
+    """The rank inside each sweep (one model, GPU and precision of a series): ``attune.calibrate.ranking``."""
+    leave_one_series_out: tuple[dict, ...] = ()
+    """Per bf16 dense series, in-sample and left out of the dense fit (with ``leave_one_out``)."""
 
     @property
     def unexpressed(self) -> list[CorpusRow]:
@@ -69,9 +75,10 @@ def default_out_dir(today: _dt.date | None = None) -> Path:
 
 
 def calibrate(corpus_dir: str | Path | None = None, do_fit: bool = False, out_dir: str | Path | None = None,
-              data_file: str | Path | None = None) -> CalibrationOutcome:
+              data_file: str | Path | None = None, leave_one_out: bool = False) -> CalibrationOutcome:
     """Predict and score the corpus; with ``do_fit`` refit first and write the data file (to ``data_file``,
-    else the package's own file when running from a checkout, else ``out_dir/coefficients.yaml``)."""
+    else the package's own file when running from a checkout, else ``out_dir/coefficients.yaml``); with
+    ``leave_one_out`` also refit the dense stage once per bf16 dense series without it (minutes)."""
     corpus = load_corpus(corpus_dir)
     out = Path(out_dir) if out_dir is not None else default_out_dir()
     out.mkdir(parents=True, exist_ok=True)
@@ -88,10 +95,15 @@ def calibrate(corpus_dir: str | Path | None = None, do_fit: bool = False, out_di
     preds = predict(corpus, coef_for)
     title = "Calibration against the public corpus" + (" (refit)" if do_fit else "")
     files = [write_csv(preds, out / "calibration.csv"), out / "calibration.md", out / "parity.png"]
-    files[1].write_text(markdown(preds, corpus.unexpressed, title, moe_transfer=transfer) + pairs_markdown(preds))
+    in_sweeps = sweeps(preds)
+    loso = leave_one_series_out_table(corpus, preds) if leave_one_out else []
+    extra = "\n".join(sweeps_markdown(in_sweeps) + loso_markdown(loso)) + "\n"
+    files[1].write_text(markdown(preds, corpus.unexpressed, title, moe_transfer=transfer) + pairs_markdown(preds)
+                        + extra)
     write_parity_png(preds, files[2])
     if written is not None:
         files.append(written)
     return CalibrationOutcome(corpus=corpus, predictions=tuple(preds), scores=tuple(scores(preds)), out_dir=out,
                               files=tuple(files), fit=result, data_file=written,
-                              stale_names=() if do_fit else UNKNOWN_NAMES, moe_transfer=tuple(transfer))
+                              stale_names=() if do_fit else UNKNOWN_NAMES, moe_transfer=tuple(transfer),
+                              sweeps=tuple(in_sweeps), leave_one_series_out=tuple(loso))

@@ -9,6 +9,7 @@ and named in ``assumptions``. The seed recipe's four observations are rows too (
 
 from __future__ import annotations
 
+
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +22,7 @@ from attune.calibrate.rows import MEMORY, THROUGHPUT, Corpus, CorpusError, Corpu
 from attune.calibrate.moe_rows import moe_settings, resolve_moe_model
 from attune.calibrate.seed import SEED_SERIES, seed_observations
 from attune.errors import AttuneError, UserInputError
-from attune.spec.engine import ENGINES, Engine, get_engine
+from attune.spec.engine import ENGINES, Engine, for_release, get_engine
 from attune.spec.hardware import GPUS, GiB, parse_cluster
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec, from_geometry
@@ -79,6 +80,14 @@ NOTE_FLAGS = {"--overlap-grad-reduce": "overlap_grad_reduce", "--overlap-param-g
 # virtual_pipeline_parallelism=12) and gpt3_175b.py (virtual_pipeline_parallelism=6), 24.09-25.04 releases.
 NEMO_RECIPE_VPP = {"Nemotron-4 340B": 12, "GPT-3 175B": 6}
 
+# Models whose NeMo / Megatron-Bridge performance recipe runs TP 1 on every GPU, by geometry (layers, hidden, ffn):
+# Llama 3 / 3.1 8B (Megatron-Bridge v0.2.0 scripts/performance/configs/llama3/workload_base_configs.py:
+# BASE_LLAMA3_8B_CONFIG and its per-GPU presets leave tensor_model_parallel_size at 1). The perf scripts build
+# CommOverlapConfig(tp_comm_overlap=bool(TP > 1)) from the recipe's own TP (llama3_llm_pretrain.py line 262) and a
+# later TP override (utils/helpers.py set_user_overrides) leaves it: a sweep of such a recipe over TP ran without
+# TP communication overlap and without its userbuffers.
+RECIPE_TP1 = {(32, 4096, 14336): "Llama 3 8B"}
+
 
 def _engine(name: str, assumptions: list[str], version: str = "") -> Engine:
     """attune's engine for the source's engine string. NeMo and Megatron-Bridge run megatron-core with
@@ -87,7 +96,10 @@ def _engine(name: str, assumptions: list[str], version: str = "") -> Engine:
     if "slime" in low:
         return get_engine("slime")
     if ("nemo" in low or "bridge" in low) and "megatron-bridge" in ENGINES:
-        return get_engine("megatron-bridge")
+        e = for_release(get_engine("megatron-bridge"), version)  # the release's launch defaults (spec.engine)
+        if e.label != get_engine("megatron-bridge").label:
+            assumptions.append(f"engine: {e.label}")
+        return e
     if "deepspeed" in low:
         assumptions.append("engine: Megatron-DeepSpeed (megatron-legacy's model code: unfused attention with dropout, "
                            "ZeRO-1 as the distributed optimizer; DeepSpeed's pipeline sends whole tensors)")
@@ -383,6 +395,11 @@ def read_row(row: dict, file: str) -> CorpusRow:
         elif not g.get("vocab"):
             assumptions.append("vocab: not stated, 0 (the row's figures count the transformer layers only)")
         cluster = parse_cluster(f"{int(_need(row, 'num_gpus'))}x{key}")
+        recipe_tp1 = RECIPE_TP1.get((model.num_layers, model.hidden, model.ffn))
+        if engine.recipe_tp_comm_overlap and recipe_tp1 and int(row.get("tp") or 1) > 1:
+            engine = replace(engine, recipe_tp_comm_overlap=False)
+            assumptions.append(f"tp_comm_overlap: off (the {recipe_tp1} performance recipe runs TP 1; a TP override "
+                               f"keeps its tp_comm_overlap=False)")
         layout, wl = _layout(row, model, engine, assumptions, check_rules=not bundled)
         if bundled:
             layout, graphs = _moe_layout(row, layout, model, engine, wl, assumptions, key)

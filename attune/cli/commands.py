@@ -211,7 +211,7 @@ def cmd_study_status(args) -> int:
 def cmd_calibrate(args) -> int:
     if args.out is not None:
         check_out_dir(args.out)  # before any work
-    outcome = calibrate_api.calibrate(args.corpus, do_fit=args.fit, out_dir=args.out)
+    outcome = calibrate_api.calibrate(args.corpus, do_fit=args.fit, out_dir=args.out, leave_one_out=args.leave_one_out)
     for line in out.calibration_lines(outcome):
         print(line)
     return 0

@@ -115,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--fit", action="store_true",
                    help="refit the global coefficients and write them (the package's coefficients.yaml from a checkout)")
     s.add_argument("--out", default=None, help="output folder (default ./reports/calibration-<UTC date>/)")
+    s.add_argument("--leave-one-out", action="store_true",
+                   help="also refit the dense coefficients once per bf16 dense series without it and score that series")
     _common(s)
     s.set_defaults(func=c.cmd_calibrate)
 

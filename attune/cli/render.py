@@ -179,6 +179,19 @@ def calibration_lines(outcome) -> list[str]:
         lines.append("MoE models (shared MoE coefficients): in-sample MAPE / bias, left out of the MoE fit MAPE / bias")
         lines += [f"  {t['model']:24s} {t['rows']:3d} rows  {pct(t['in_sample_mape'])} {pct(t['in_sample_bias'])}   "
                   f"left out {pct(t['lomo_mape'])} {pct(t['lomo_bias'])}" for t in outcome.moe_transfer]
+    if outcome.sweeps:
+        lines.append("rank inside each sweep (one model, GPU, precision of a series): rows, layouts, Spearman, "
+                     "fastest right, MAPE")
+        lines += [f"  {s.series} / {s.model} / {s.gpu} / {s.precision}: {s.rows} rows, {s.layouts} layouts, "
+                  f"Spearman {'-' if s.spearman is None else f'{s.spearman:.2f}'}, fastest "
+                  f"{'right' if s.best_right else 'wrong'}, MAPE {pct(s.mape).strip()}" for s in outcome.sweeps]
+    if outcome.leave_one_series_out:
+        lines.append("dense, leave one series out: in-sample MAPE -> left-out MAPE (bias), Spearman, verdicts")
+        for t in outcome.leave_one_series_out:
+            i, o = t["in_sample"], t["left_out"]
+            rho = "-" if o.spearman is None else f"{o.spearman:.2f}"
+            ver = f"{o.verdicts_right}/{o.verdicts}" if o.verdicts else "-"
+            lines.append(f"  {t['series']:{w}s} {pct(i.mape)} -> {pct(o.mape)} ({pct(o.bias).strip()})  {rho:5s} {ver}")
     if outcome.fit is not None:
         f = outcome.fit
         lines.append(f"refit: cost {f.start_cost:.4g} -> {f.cost:.4g} in {f.evaluations} evaluations ({f.message})")

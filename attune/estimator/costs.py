@@ -44,6 +44,12 @@ class LayerCost:
     params_on_gpu: float  # parameters of this layer held by one GPU
     selective_freed_bytes: float = 0.0  # of ``saved``: what selective (core-attention) recompute does not keep
     mla_up_flops: float = 0.0  # of the forward GEMM FLOPs: MLA's q and kv up projections (``mla_up_proj`` recompute)
+    # indices into ``gemm`` of the column-parallel linears whose backward launches the input-gradient TP all-reduce
+    # (reduce-scatter under SP) asynchronously and runs the weight-gradient GEMM under it (megatron-core
+    # tensor_parallel/layers.py lines 548-566 at 1dcf0daf, "scheduled before the weight gradient computation";
+    # TE's Linear / LayerNormLinear overlap dgrad-RS/AR with wgrad the same way): one of the layer's backward
+    # collectives each, hidden up to that GEMM's wgrad time
+    async_dgrad_gemms: tuple[int, ...] = ()
 
     @property
     def act_bytes(self) -> float:
@@ -245,6 +251,7 @@ def _full(m: ModelSpec, e: Engine, s: Shape, kind: str = FULL) -> LayerCost:
         saved=tuple(saved), input_bytes=T * BF16 * h / hd, bwd_work_bytes=work, gemm=gemm, attn_flops=attn,
         gdn_flops=0.0, tp_coll_fwd=n_coll, tp_coll_bwd=n_bwd, tp_coll_bytes=BF16 * T * h, tp_allreduce=not s.sp,
         cp_bytes=kv_cp, params_on_gpu=p.matrix / t + p.vectors, selective_freed_bytes=freed,
+        async_dgrad_gemms=(0, 2) if t > 1 else (),  # the qkv and fc1 linears
     )
 
 
@@ -361,6 +368,8 @@ def _gdn(m: ModelSpec, e: Engine, s: Shape, kind: str = LINEAR) -> LayerCost:
         saved=tuple(saved), input_bytes=T * BF16 * h / hd, bwd_work_bytes=work, gemm=gemm, attn_flops=0.0,
         gdn_flops=gdn, tp_coll_fwd=fwd, tp_coll_bwd=bwd, tp_coll_bytes=BF16 * T * h, tp_allreduce=not s.sp,
         cp_bytes=cp_bytes, params_on_gpu=(p.mixer_matrix / mix_t) + p.mlp_matrix / t + p.vectors,
+        # fc1; the mixer's input projection too where it is TP-split (slime's replicated HF GDN has no TP dgrad)
+        async_dgrad_gemms=(() if t == 1 else (2,) if rep else (0, 2)),
     )
 
 

@@ -118,7 +118,12 @@ def recompute_seconds(c: LayerCost, t: dict[str, float], kind: str, layout: Layo
         if not honoured(m, kind, model, engine):
             continue
         if m == "core_attn":
-            s += t["fwd_attention"]
+            # the checkpointed core attention re-runs whole: QK^T and PV (fwd_attention) and, with the unfused
+            # kernel, the scale-mask-softmax and dropout passes over the a x s x s scores it had freed (Megatron-LM
+            # megatron/legacy/model/transformer.py lines 625-645 checkpoint CoreAttention.forward, lines 363-436:
+            # baddbmm, scale_mask_softmax, attention_dropout, bmm; Korthikanti et al. 2022 section 5): the freed
+            # tensors' share of the layer's forward HBM passes (FlashAttention frees nothing: no extra pass)
+            s += t["fwd_attention"] + (t["fwd_memory"] * c.selective_freed_bytes / c.act_bytes if c.act_bytes else 0.0)
         elif m == "mlp":
             s += mlp_share
         elif m == "moe":

@@ -135,9 +135,10 @@ def _link_gbps(group: int, stride: int, cluster: Cluster, coef: Coefficients) ->
 
 
 def _layer_parts(c: LayerCost, peak: float, hbm: float, tp_bw: float, cp_bw: float, tp: int, tp_overlap: bool,
-                 coef: Coefficients) -> dict[str, float]:
+                 coef: Coefficients, async_dgrad: bool = True) -> dict[str, float]:
     """One layer, one microbatch: forward and backward compute by kind and exposed comm, seconds."""
-    gemm = sum(fl / (peak * gemm_efficiency(d, coef)) for fl, d in c.gemm if fl)  # MoE without a shared expert: 0
+    g_t = [fl / (peak * gemm_efficiency(d, coef)) if fl else 0.0 for fl, d in c.gemm]
+    gemm = sum(g_t)  # MoE without a shared expert: 0
     attn = c.attn_flops / (peak * coef.attention_efficiency)
     gdn = c.gdn_flops / (peak * coef.gdn_kernel_efficiency)
     mem = coef.memory_passes * c.act_bytes / (hbm * coef.hbm_efficiency)
@@ -150,6 +151,10 @@ def _layer_parts(c: LayerCost, peak: float, hbm: float, tp_bw: float, cp_bw: flo
         # TE userbuffers split each TP all-gather / reduce-scatter into TP chunks pipelined with the adjacent
         # GEMM's chunks: only what the GEMMs cannot cover stays exposed (TE module/base.py, userbuffers)
         tp_f, tp_b = max(0.0, tp_f - gemm), max(0.0, tp_b - 2 * gemm)
+    elif per and async_dgrad:
+        # each column-parallel linear's input-gradient all-reduce / reduce-scatter runs under its own weight-gradient
+        # GEMM (as many FLOPs as its forward GEMM): LayerCost.async_dgrad_gemms
+        tp_b = max(0.0, tp_b - sum(min(per, g_t[i]) for i in c.async_dgrad_gemms))
     cp = c.cp_bytes / cp_bw if c.cp_bytes else 0.0
     # dgrad + wgrad: 2x the forward GEMMs; FlashAttention backward attention_backward_ratio x its forward
     return {"fwd_gemm": gemm, "fwd_attention": attn, "fwd_gdn": gdn, "fwd_memory": mem,
@@ -220,13 +225,13 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
     tp_bw = _link_gbps(layout.tp, 1, cluster, coef) * 1e9
     cp_bw = _link_gbps(layout.cp, layout.tp, cluster, coef) * 1e9
     tp_overlap = layout.tp > 1 and layout.sp and (layout.tp_comm_overlap or engine.recipe_tp_comm_overlap)
-    key = (id(costs), peak, hbm, tp_bw, cp_bw, layout.tp, tp_overlap, coef)
+    key = (id(costs), peak, hbm, tp_bw, cp_bw, layout.tp, tp_overlap, coef, engine.async_dgrad)
     hit = _TIMES.get(key)
     if hit is None or hit[0] is not costs:  # the held reference makes an id reused after eviction a miss
         if len(_TIMES) > 8192:
             _TIMES.clear()
-        hit = _TIMES[key] = (costs, {k: _layer_parts(c, peak, hbm, tp_bw, cp_bw, layout.tp, tp_overlap, coef)
-                                     for k, c in costs.items()})
+        hit = _TIMES[key] = (costs, {k: _layer_parts(c, peak, hbm, tp_bw, cp_bw, layout.tp, tp_overlap, coef,
+                                                     engine.async_dgrad) for k, c in costs.items()})
     times = hit[1]
     moe_t = moe_terms.moe_layer_times(model, cluster, layout, shape, coef)  # routed experts per MoE layer; {} if dense
     lp = lp_terms.plan(layout, gpu, coef)  # low-precision GEMMs and their quantize passes (issue 22)

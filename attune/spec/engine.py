@@ -6,7 +6,8 @@ models stay engine-agnostic and read these flags.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 
 from attune.errors import EngineError
 
@@ -43,11 +44,15 @@ class Engine:
     expandable_segments: bool = False
     # NCCL NVLink SHARP left on where the GPUs have it: slime exports NCCL_NVLS_ENABLE=${HAS_NVLINK}
     # (slime-and-qwen.md 1.3); Megatron-LM leaves NCCL's default (on); Megatron-Bridge / NeMo performance
-    # launches export NCCL_NVLS_ENABLE=0 [unverified].
+    # launches export NCCL_NVLS_ENABLE=0 (Megatron-Bridge v0.2.0 scripts/performance/utils/executors.py line 42,
+    # PERF_ENV_VARS: "Disable NVLink SHARP to save memory").
     nvls: bool = True
     # overlap flags the engine's recipes always set, whatever the layout says: Megatron-Bridge / NeMo
     # performance recipes set overlap_grad_reduce, overlap_param_gather (DistributedDataParallelConfig) and,
-    # with TP > 1 and SP, tp_comm_overlap (TE userbuffers) [Megatron-Bridge recipes; unverified per release]
+    # with TP > 1 and SP, tp_comm_overlap (TE userbuffers): the perf scripts build CommOverlapConfig(tp_comm_overlap=
+    # bool(TP > 1)) from the model recipe's own TP (Megatron-Bridge v0.2.0 scripts/performance/configs/llama3/
+    # llama3_llm_pretrain.py line 262), so a recipe run at TP 1 has it off (attune.calibrate.corpus.RECIPE_TP1);
+    # what changed per release: MEGATRON_BRIDGE_RELEASES below
     recipe_overlap_grad_reduce: bool = False
     recipe_overlap_param_gather: bool = False
     recipe_tp_comm_overlap: bool = False
@@ -93,6 +98,11 @@ class Engine:
     # (attune/calibrate/mbridge_recipes.yaml); it prices the host launch time the MoE layers' device-to-host syncs
     # expose (attune.estimator.moe.host_exposed_s)
     cuda_graphs: str = "none"
+    # the column-parallel linears' backward launches the input-gradient TP all-reduce (reduce-scatter under SP)
+    # asynchronously and computes the weight gradient under it: megatron-core tensor_parallel/layers.py lines
+    # 548-566 at 1dcf0daf (and TE's linears); in Megatron-LM since 2021 (--no-async-tensor-model-parallel-allreduce,
+    # so in the 2022 papers' v3.0). Off for Megatron-DeepSpeed, whose BigScience fork predates it [unverified]
+    async_dgrad: bool = True
 
 
 ENGINES: dict[str, Engine] = {
@@ -120,7 +130,7 @@ ENGINES: dict[str, Engine] = {
     "megatron-deepspeed": Engine("megatron-deepspeed", False, 6.0, False, False, False,
                                  step_overhead="step_overhead_megatron_s", attention_kernel="unfused",
                                  hidden_dropout_masks=True, fp16_grads_in_fp32=True,
-                                 era_without_sp_and_dist_optimizer=True,
+                                 era_without_sp_and_dist_optimizer=True, async_dgrad=False,
                                  label="Megatron-DeepSpeed (2022: megatron-legacy's model code, DeepSpeed's pipeline)"),
     # attune's own PyTorch runner: fp32 log-softmax over full logits (logits + log_softmax + grad)
     "torch": Engine("torch", False, 12.0, True, True, True, step_overhead="step_overhead_torch_s", attune_trainer=True,
@@ -128,6 +138,59 @@ ENGINES: dict[str, Engine] = {
 }
 # the engine when neither the runner nor the caller names one: slime's launch, as the recipes' run blocks are
 DEFAULT_ENGINE = "slime"
+
+
+@dataclass(frozen=True)
+class ReleaseChange:
+    """One change in what NeMo / Megatron-Bridge's performance launches ran with, from a container release on."""
+
+    since: tuple[int, int]
+    """The first NeMo container (year, month) with the change: 25.09 -> (25, 9)."""
+    fields: tuple[tuple[str, object], ...]
+    """The ``Engine`` fields it sets."""
+    source: str
+    """Where the change is read (repository, file, line or commit)."""
+
+
+MEGATRON_BRIDGE_RELEASES: tuple[ReleaseChange, ...] = (
+    # before 25.09 (NeMo 2 launches): ENGINES["megatron-bridge"] as it stands, megatron-core's fused "native"
+    # cross entropy (megatron/core/fusions/fused_cross_entropy.py: bf16 logits + the fp32 exp_logits it saves)
+    ReleaseChange((25, 9), (("logits_bytes_per_element", 2.0),),
+                  "Megatron-Bridge perf configs set cross_entropy_fusion_impl 'te' (v0.1.0rc4 scripts/performance/"
+                  "configs/llama3/llama3_8b_llm_pretrain.yaml line 17; v0.2.0 scripts/performance/utils/helpers.py "
+                  "line 108 for every recipe; GPTModelProvider cross_entropy_loss_fusion=True): TE's "
+                  "parallel_cross_entropy wrote the gradient into the bf16 logits in place, 2 bytes per element"),
+    ReleaseChange((26, 6), (("expandable_segments", True),),
+                  "Megatron-Bridge scripts/performance/utils/executors.py PERF_ENV_VARS "
+                  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True for every performance launch (commit 6f24c71f3, "
+                  "2026-05-12, in v0.5.0; before it only a few recipes set it in perf_plugins.py)"),
+    ReleaseChange((26, 8), (("logits_bytes_per_element", 6.0),),
+                  "TransformerEngine 01bbe3eea (2026-07-09, transformer_engine/pytorch/triton/cross_entropy.py): the "
+                  "fused cross entropy keeps an fp32 gradient beside the bf16 logits [assumed in the 26.08 container]"),
+)
+"""What each NeMo / Megatron-Bridge release's performance launches ran with, beyond ``ENGINES['megatron-bridge']``
+(the NeMo 2 launches, 24.xx-25.07 containers). Applied in order up to a row's container release."""
+
+
+def container_release(version: str) -> tuple[int, int] | None:
+    """(year, month) of a NeMo container named in ``version`` ("NeMo 25.02.01 container" -> (25, 2)), else None."""
+    m = re.search(r"\b(2\d)\.(\d{2})(?:\.\d+)*\b", version or "")
+    return (int(m.group(1)), int(m.group(2))) if m and 1 <= int(m.group(2)) <= 12 else None
+
+
+def for_release(engine: Engine, version: str) -> Engine:
+    """``engine`` as the release named in ``version`` ran it: the megatron-bridge engine with every
+    ``MEGATRON_BRIDGE_RELEASES`` change up to the release; any other engine, or an unparsed version, unchanged."""
+    rel = container_release(version) if engine.name == "megatron-bridge" else None
+    if rel is None:
+        return engine
+    fields: dict[str, object] = {}
+    for ch in MEGATRON_BRIDGE_RELEASES:
+        if ch.since <= rel:
+            fields.update(ch.fields)
+    if not fields:
+        return engine
+    return replace(engine, **fields, label=f"{engine.label}; NeMo {rel[0]}.{rel[1]:02d} launches")
 
 
 def get_engine(name: str) -> Engine:

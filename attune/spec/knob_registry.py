@@ -1,0 +1,315 @@
+"""The knob registry: every knob of a `Layout` declared once (issue 19).
+
+Two tables, and everything else is generated from them:
+
+* ``IDENTITY``: every Layout field, in the order of the layout key, with how it enters **the** identity of a
+  layout (`attune.spec.identity.layout_key`: anything that can change a measurement, memory included, is in it,
+  normalised where a value cannot change the run) and its recipe path (where a recipe carries it: a key of the
+  ``layout`` / ``workload`` block, or ``run.flags`` for the options that travel as launch flags). A field's
+  flags are not repeated here: the flag table (``megatron_flags.yaml``, `attune.spec.flags`) maps each flag to
+  its field, and `flags_of` reads it (the same Megatron-LM flags for every engine; ``engine_choices`` in the
+  table narrows a flag's values per engine).
+* ``KNOBS``: every search-space knob (the Optuna parameter names of ``attune/search/spaces/*.yaml``), with its
+  typed domain (a choice of typed values, an integer range, or a '+'-joined list of module names), its default,
+  whether it is searched or only fixed, the Layout fields it sets and its knob-distance features. A *generic*
+  knob also says where it applies (the rule that expands it only where it can change the layout), how a value
+  becomes Layout fields and how a layout reads back as a value; `attune.search.space` then needs no code for
+  it: adding such a knob is one entry here and its line in a space file.
+
+The search space's tables (``KNOBS`` kinds, ``KNOB_NOTES``, ``FIXED_ONLY``, ``DEFAULTS``, ``FEATURES``), the
+space-file model (`attune.search.spacefile`) and the layout key are generated from these two tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .flag_data import raw_table
+from .knobs import OFFLOAD_MODULES, RECOMPUTE_MODULES
+from .layout import MOE_DISPATCHERS, Layout
+
+__all__ = ["Choice", "IntSpan", "Modules", "Knob", "KnobContext", "IdentityField", "IDENTITY", "KEY_CONTEXT", "KNOBS",
+           "GENERIC", "knob", "flags_of", "modules_of", "OLD_PARAM_NAMES"]
+
+
+# ---------------------------------------------------------------------------------------------- domains
+@dataclass(frozen=True)
+class Choice:
+    """A list of values of one type: ``posint`` (parallel sizes, >= 1), ``bool``, ``fraction`` (in (0, 1]) or
+    ``str`` from ``values``."""
+
+    of: str
+    values: tuple | None = None
+    kind: str = "choice"
+
+
+@dataclass(frozen=True)
+class IntSpan:
+    """An integer range ``{low, high}`` (layer offsets and counts)."""
+
+    kind: str = "int"
+
+
+@dataclass(frozen=True)
+class Modules:
+    """'+'-joined module names from ``names`` (a tuple of modules as one choice value); ``none``: the value
+    ``none`` (no module) is allowed too."""
+
+    names: tuple[str, ...]
+    none: bool = False
+    kind: str = "choice"
+
+
+def modules_of(value: str) -> tuple[str, ...]:
+    """A '+'-joined module list value as a tuple ('none': ())."""
+    return () if value in ("none", "") else tuple(str(value).split("+"))
+
+
+# ---------------------------------------------------------------------------------------------- knobs
+@dataclass(slots=True)
+class KnobContext:
+    """What a generic knob's rules may read: the layout being built, as far as the core knobs decided it."""
+
+    tp: int
+    sp: bool
+    pp: int
+    cp: int
+    dp: int
+    vpp: int
+    recompute: str
+    offload: bool
+    moe: bool
+    """The model has routed experts."""
+    shared_experts: bool
+    """The model's MoE layers have a shared expert."""
+    ep: int = 1
+    dispatcher: str | None = None
+
+    @property
+    def dp_comm(self) -> bool:
+        """There is DP x CP gradient / parameter traffic to overlap."""
+        return self.dp * self.cp > 1
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One search-space knob."""
+
+    name: str
+    """The knob's name in a space file and its Optuna parameter."""
+    fields: tuple[str, ...]
+    """The Layout fields it sets."""
+    domain: Choice | IntSpan | Modules
+    default: Any
+    """Its value when a space neither searches nor fixes it."""
+    searched: bool = True
+    """False: a setting a space can only fix (``fixed:``), never search."""
+    note: str | None = None
+    """What it means and where it is expanded, for readers of a space file."""
+    features: tuple[str, ...] = ()
+    """Its knob-distance features (`attune.search.space.layout_features`; one unit is one knob step)."""
+    feature: Callable[[Layout], float] | None = None
+    """Generic knobs: the value of its one feature for a layout."""
+    applies: Callable[[KnobContext], bool] | None = None
+    """Generic knobs: where the enumeration expands it (elsewhere only its first value is tried: it cannot change
+    the layout there). None: not generic (`attune.search.space` builds it with the core knobs)."""
+    to_fields: Callable[[Any, KnobContext], dict] | None = None
+    """Generic knobs: the Layout fields a value gives in a context."""
+    from_layout: Callable[[Layout, Any], Any] | None = None
+    """Generic knobs: the value that gives ``layout`` (second argument: the space's first value of the knob)."""
+    off_domain_ok: Callable[[Layout], bool] = field(default=lambda lay: False)
+    """Generic knobs: a layout whose value this space lacks is still expressed (the knob cannot matter there)."""
+
+    @property
+    def generic(self) -> bool:
+        return self.applies is not None
+
+
+_BOOL, _POSINT = Choice("bool"), Choice("posint")
+
+
+def _selective_modules(v, c: KnobContext) -> dict:
+    mods = modules_of(v) if c.recompute == "selective" else ()
+    return {"recompute_modules": () if mods == ("core_attn",) else mods}
+
+
+def _overlap(v, c: KnobContext) -> dict:
+    on = bool(v)
+    return {"overlap_grad_reduce": on, "overlap_param_gather": on, "tp_comm_overlap": on and c.sp}
+
+
+def _moe_switch(name: str, needs_shared: bool = False) -> Callable[[Any, KnobContext], dict]:
+    """A MoE switch: set only for a MoE model (a dense model keeps the Layout default), and the shared-expert
+    ones only where the model has a shared expert."""
+    def to_fields(v, c: KnobContext) -> dict:
+        if not c.moe:
+            return {}
+        return {name: bool(v) and (c.shared_experts or not needs_shared)}
+    return to_fields
+
+
+KNOBS: tuple[Knob, ...] = (
+    # ---- core knobs: attune.search.space builds the parallel sizes, the split, recompute and batching itself
+    Knob("tp", ("tp",), _POSINT, 1, features=("log2_tp",)),
+    Knob("sequence_parallel", ("sp",), _BOOL, False, features=("sp",)),
+    Knob("pp", ("pp",), _POSINT, 1, features=("log2_pp",)),
+    Knob("first_offset", ("first",), IntSpan(), 0, features=("first_shift",)),
+    Knob("last_offset", ("last",), IntSpan(), 0, features=("last_shift",)),
+    Knob("vpp", ("vpp",), _POSINT, 1, features=("log2_vpp",)),
+    Knob("cp", ("cp",), _POSINT, 1, features=("log2_cp",)),
+    Knob("recompute", ("recompute_granularity",), Choice("str", ("none", "selective", "full")), "none",
+         features=("selective", "full", "recompute_fraction", "uniform")),
+    Knob("recompute_method", ("recompute_method",), Choice("str", ("block", "uniform")), "block"),
+    Knob("recompute_layers", ("recompute_num_layers",), IntSpan(), 1),
+    Knob("optimizer_cpu_offload", ("optimizer_cpu_offload",), _BOOL, False, features=("offload",)),
+    Knob("tokens_per_microbatch_rows", ("max_tokens_per_gpu", "micro_batch_size"), _POSINT, 1,
+         features=("log2_tokens",)),
+    # MoE (issue 14): expert parallel sizes, dispatcher
+    Knob("ep", ("ep",), _POSINT, 1, features=("log2_ep",)),
+    Knob("etp", ("etp",), _POSINT, 1, features=("log2_etp",)),
+    Knob("dispatcher", ("moe_dispatcher",), Choice("str", MOE_DISPATCHERS), "alltoall", features=("allgather",)),
+    # ---- issue 15 knobs, generic: expanded only where they can change the layout
+    Knob("recompute_modules", ("recompute_modules",), Modules(RECOMPUTE_MODULES), "core_attn",
+         note="selective recompute only: '+'-joined --recompute-modules names (core_attn, core_attn+mlp)",
+         applies=lambda c: c.recompute == "selective", to_fields=_selective_modules,
+         from_layout=lambda lay, first: "+".join(lay.effective_recompute_modules) or "core_attn"),
+    Knob("activation_offload", ("offload_modules",), Modules(OFFLOAD_MODULES, none=True), "none",
+         note="with no recompute (the alternative to it): 'none' or '+'-joined --offload-modules names",
+         applies=lambda c: c.recompute == "none",
+         to_fields=lambda v, c: {"offload_modules": modules_of(v) if c.recompute != "full" else ()},
+         from_layout=lambda lay, first: "+".join(lay.offload_modules) or "none"),
+    Knob("offload_fraction", ("offload_fraction",), Choice("fraction"), 1.0,
+         note="with optimizer_cpu_offload and no recompute (partial offload as the alternative to recompute; "
+              "otherwise the domain's first value): --optimizer-offload-fraction",
+         applies=lambda c: c.offload and c.recompute == "none",
+         to_fields=lambda v, c: {"offload_fraction": float(v) if c.offload else 1.0},
+         from_layout=lambda lay, first: lay.offload_fraction if lay.optimizer_cpu_offload else first,
+         off_domain_ok=lambda lay: not lay.optimizer_cpu_offload),
+    Knob("comm_overlap", ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"), _BOOL, False,
+         note="--overlap-grad-reduce and --overlap-param-gather (and --tp-comm-overlap at TP > 1 with SP); "
+              "expanded only where there is DP x CP or TP communication to overlap",
+         applies=lambda c: c.dp_comm or (c.tp > 1 and c.sp), to_fields=_overlap,
+         from_layout=lambda lay, first: bool(lay.overlap_grad_reduce)),
+    Knob("stage_layout", ("pipeline_layout",), Choice("str", ("split", "string")), "split",
+         note="'split' (first/last counts, middle stages even) or 'string': the same first/last with the middle "
+              "remainder spread over the middle stages as --pipeline-model-parallel-layout (PP > 2, VPP 1, first "
+              "and last at most their even share: the end stages carry the in-flight activations and the logits; "
+              "only where the split would move the remainder onto the last stage)"),
+    # ---- settings a space can only fix
+    Knob("precision_aware_optimizer", ("precision_aware_optimizer",), _BOOL, True, searched=False),
+    Knob("distributed_optimizer", ("distributed_optimizer",), _BOOL, True, searched=False),
+    Knob("overlap_cpu_optimizer", ("overlap_cpu_optimizer",), _BOOL, True, searched=False),
+    Knob("moe_grouped_gemm", ("moe_grouped_gemm",), _BOOL, True, searched=False,
+         applies=lambda c: False, to_fields=_moe_switch("moe_grouped_gemm")),
+    Knob("moe_permute_fusion", ("moe_permute_fusion",), _BOOL, True, searched=False,
+         applies=lambda c: False, to_fields=_moe_switch("moe_permute_fusion")),
+    Knob("moe_shared_expert_overlap", ("moe_shared_expert_overlap",), _BOOL, False, searched=False,
+         applies=lambda c: False, to_fields=_moe_switch("moe_shared_expert_overlap", needs_shared=True)),
+)
+"""Every knob, in the order of a space's parameters and of the knob-distance features."""
+
+_BY_NAME = {k.name: k for k in KNOBS}
+GENERIC: tuple[Knob, ...] = tuple(k for k in KNOBS if k.generic)
+"""The knobs `attune.search.space` handles through their declarations alone (expansion, fields, read-back)."""
+OLD_PARAM_NAMES: dict[str, str] = {}
+"""Optuna parameter names an older attune wrote -> the knob's name now (read once, where a study resumes)."""
+
+
+def knob(name: str) -> Knob:
+    return _BY_NAME[name]
+
+
+def flags_of(layout_field: str) -> tuple[str, ...]:
+    """The Megatron-LM / slime flags that set a Layout field, from the flag table (its one record of that fact)."""
+    return tuple(name for name, e in (raw_table().get("flags") or {}).items()
+                 if isinstance(e, dict) and e.get("field") == f"layout.{layout_field}")
+
+
+# ---------------------------------------------------------------------------------------------- identity
+KEY_CONTEXT = ("counts", "virt", "full", "offload", "sp", "n")
+"""What the identity's normalisations may read besides the layout ``lay``, derived once per layout
+(`attune.spec.identity.layout_key`): ``counts`` the layers of every pipeline stage, ``virt`` of every virtual
+stage (() with VPP 1), ``full`` full recompute, ``offload`` optimizer offload, ``sp`` SP that acts (TP > 1),
+``n`` full recompute's layer count capped at a chunk's layers."""
+
+
+@dataclass(frozen=True)
+class IdentityField:
+    """One item of the layout key."""
+
+    name: str
+    """The key item (a Layout field's name, or a derived item: the stage layers)."""
+    covers: tuple[str, ...]
+    """The Layout fields it carries."""
+    value: str
+    """The item's value as a Python expression over ``lay`` and KEY_CONTEXT: the field normalised where a value
+    cannot change the run (`attune.spec.identity` compiles all of them into one function)."""
+    recipe: str | None = None
+    """Where a recipe carries the fields (a ``layout.`` / ``workload.`` key, or ``run.flags``)."""
+
+
+def _plain(name: str, recipe: str | None = None, *, as_bool: bool = False) -> IdentityField:
+    return IdentityField(name, (name,), f"bool(lay.{name})" if as_bool else f"lay.{name}", recipe)
+
+
+IDENTITY: tuple[IdentityField, ...] = (
+    _plain("tp", "layout.tp"),
+    IdentityField("sp", ("sp",), "sp", "layout.sequence_parallel"),
+    _plain("pp", "layout.pp"), _plain("dp", "layout.dp"), _plain("cp", "layout.cp"), _plain("vpp", "layout.vpp"),
+    # the split as the layers of every stage and virtual stage: first/last or a layout string giving the same
+    # counts are one layout
+    IdentityField("stage_layers", ("first", "last", "pipeline_layout"), "counts",
+                  "layout.layer_split / layout.pipeline_layout"),
+    IdentityField("virtual_stage_layers", (), "virt"),
+    _plain("account_for_embedding", "layout.account_for_embedding", as_bool=True),
+    _plain("account_for_loss", "layout.account_for_loss", as_bool=True),
+    _plain("recompute_granularity", "layout.recompute.granularity"),
+    # the method and the layer count only with full recompute, the count capped at a chunk's layers (block
+    # recompute of N >= a chunk's layers recomputes the whole chunk; uniform groups of N >= it are one group).
+    # The uniform group size IS identity: every group keeps its input and one group is rebuilt in backward
+    # (attune/estimator/memory.py, uniform branch), so groups of 2 and of 3 use different memory.
+    IdentityField("recompute_method", ("recompute_method",), "lay.recompute_method if full else None",
+                  "layout.recompute.method"),
+    IdentityField("recompute_num_layers", ("recompute_num_layers",), "n", "layout.recompute.num_layers"),
+    IdentityField("recompute_modules", ("recompute_modules",), "tuple(sorted(lay.effective_recompute_modules))",
+                  "layout.recompute.modules"),
+    IdentityField("offload_modules", ("offload_modules",), "tuple(sorted(lay.offload_modules))",
+                  "layout.offload_modules"),
+    _plain("mtp_layers", "run.flags"),
+    _plain("distributed_optimizer", "layout.distributed_optimizer", as_bool=True),
+    _plain("precision_aware_optimizer", "layout.precision_aware_optimizer", as_bool=True),
+    IdentityField("optimizer_cpu_offload", ("optimizer_cpu_offload",), "offload", "layout.offload"),
+    IdentityField("offload_fraction", ("offload_fraction",), "float(lay.offload_fraction) if offload else None",
+                  "layout.offload.fraction"),
+    IdentityField("overlap_cpu_optimizer", ("overlap_cpu_optimizer",),
+                  "bool(lay.overlap_cpu_optimizer) if offload else None", "layout.offload.overlap"),
+    _plain("precision", "workload.precision"),
+    _plain("overlap_grad_reduce", "run.flags", as_bool=True),
+    _plain("overlap_param_gather", "run.flags", as_bool=True),
+    IdentityField("tp_comm_overlap", ("tp_comm_overlap",), "bool(lay.tp_comm_overlap) and sp", "run.flags"),
+    # the microbatch size only without dynamic batching
+    IdentityField("max_tokens_per_gpu", ("max_tokens_per_gpu",), "lay.max_tokens_per_gpu or None",
+                  "layout.max_tokens_per_gpu"),
+    IdentityField("micro_batch_size", ("micro_batch_size",), "None if lay.max_tokens_per_gpu else lay.micro_batch_size",
+                  "layout.rows_per_microbatch"),
+    _plain("ep", "layout.ep"), _plain("etp", "layout.etp"), _plain("moe_dispatcher", "layout.dispatcher"),
+    _plain("moe_grouped_gemm", "run.flags", as_bool=True),
+    _plain("moe_permute_fusion", "run.flags", as_bool=True),
+    _plain("moe_shared_expert_overlap", "run.flags", as_bool=True),
+    _plain("moe_capacity_factor", "run.flags"),
+    _plain("moe_force_balance", "run.flags", as_bool=True),
+    _plain("moe_ep_overlap", "run.flags", as_bool=True),
+    # low precision (issue 22): the recipe only where a format is set, as the flags say
+    _plain("fp8_format", "run.flags"),
+    IdentityField("fp8_recipe", ("fp8_recipe",), "lay.fp8_recipe if lay.fp8_format else None", "run.flags"),
+    _plain("fp8_param_gather", "run.flags", as_bool=True),
+    _plain("fp4_format", "run.flags"),
+)
+"""The layout key's items, in its fixed order: every Layout field is covered by exactly one."""
+
+
+def feature_value(k: Knob, layout: Layout) -> float:
+    """A generic knob's feature for a layout (0 where it declares none)."""
+    return float(k.feature(layout)) if k.feature is not None else 0.0
+

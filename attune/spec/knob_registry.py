@@ -191,6 +191,14 @@ KNOBS: tuple[Knob, ...] = (
               "expanded only where there is DP x CP or TP communication to overlap",
          applies=lambda c: c.dp_comm or (c.tp > 1 and c.sp), to_fields=_overlap,
          from_layout=lambda lay, first: bool(lay.overlap_grad_reduce)),
+    # MoE: the expert all-to-all of one microbatch under another's compute (megatron-core's combined 1F1B); priced
+    # in attune/estimator/moe.py, its constraints in attune/spec/moe.py (ep_overlap_rules drop the layouts Megatron
+    # refuses: PP > 1 without VPP, full recompute, the allgather dispatcher, shared-expert overlap)
+    Knob("moe_ep_overlap", ("moe_ep_overlap",), _BOOL, False,
+         note="--overlap-moe-expert-parallel-comm; MoE models at EP > 1 only (elsewhere there is no expert "
+              "all-to-all to hide)",
+         applies=lambda c: c.moe and c.ep > 1, to_fields=_moe_switch("moe_ep_overlap"),
+         from_layout=lambda lay, first: bool(lay.moe_ep_overlap), feature=lambda lay: float(lay.moe_ep_overlap)),
     Knob("stage_layout", ("pipeline_layout",), Choice("str", ("split", "string")), "split",
          note="'split' (first/last counts, middle stages even) or 'string': the same first/last with the middle "
               "remainder spread over the middle stages as --pipeline-model-parallel-layout (PP > 2, VPP 1, first "

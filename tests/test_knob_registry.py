@@ -1,0 +1,80 @@
+"""The knob registry (issue 19): each knob declared once, everything else generated from it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from attune.recipe.models import LayoutBlock
+from attune.search import space as S
+from attune.search.spacefile import Fixed, Knobs
+from attune.spec.flags import flag_table
+from attune.spec.identity import KEY_DERIVED_FIELDS, layout_key
+from attune.spec.knob_registry import GENERIC, IDENTITY, KNOBS, IntSpan, flags_of
+from attune.spec.engine import get_engine
+from attune.spec.layout import Layout, Workload
+from attune.spec.model import load_model
+
+LAYOUT_FIELDS = [f.name for f in dataclasses.fields(Layout)]
+
+
+def test_every_layout_field_is_one_item_of_the_identity():
+    covered = [f for item in IDENTITY for f in item.covers]
+    assert sorted(covered) == sorted(LAYOUT_FIELDS)  # each exactly once
+    assert KEY_DERIVED_FIELDS == ("first", "last", "pipeline_layout")
+    assert [k for k, _ in layout_key(Layout(), 64)] == [i.name for i in IDENTITY]
+
+
+def test_every_knob_sets_layout_fields_that_have_flags():
+    for k in KNOBS:
+        assert k.fields and set(k.fields) <= set(LAYOUT_FIELDS), k.name
+        flags = [f for fld in k.fields for f in flags_of(fld)]
+        assert flags and all(f in flag_table() for f in flags), k.name
+    assert flags_of("moe_ep_overlap") == ("--overlap-moe-expert-parallel-comm",)
+    assert flags_of("sp") == ("--sequence-parallel",)
+
+
+def test_recipe_paths_name_recipe_keys():
+    """Every identity item says where a recipe carries it: a layout-block key of the recipe model, the workload
+    block's precision, or the run flags (whose fields have flags in the table)."""
+    for item in IDENTITY:
+        if item.recipe is None:
+            assert item.name == "virtual_stage_layers"  # derived from vpp and the split, both carried
+            continue
+        for path in item.recipe.split(" / "):
+            block, _, key = path.partition(".")
+            if block == "layout":
+                assert key.split(".")[0] in LayoutBlock.model_fields, path
+            elif block == "workload":
+                assert key == "precision"
+            else:
+                assert path == "run.flags" and all(flags_of(f) for f in item.covers), item.name
+
+
+def test_the_space_tables_are_generated():
+    assert list(S.KNOBS) == [k.name for k in KNOBS if k.searched]
+    assert S.FIXED_ONLY == {k.name for k in KNOBS if not k.searched}
+    assert set(S.DEFAULTS) == {k.name for k in KNOBS}
+    assert all(S.KNOBS[k.name] == ("int" if isinstance(k.domain, IntSpan) else "choice") for k in KNOBS if k.searched)
+    assert list(Knobs.model_fields) == list(S.KNOBS) and list(Fixed.model_fields) == [k.name for k in KNOBS]
+    assert len(S.FEATURES) == len(set(S.FEATURES)) == len(S.layout_features(Layout(), 64))
+    # the generic knobs carry their own rules: where they apply, the fields they set, how a layout reads back
+    assert all(k.to_fields is not None for k in GENERIC)
+
+
+@pytest.mark.parametrize("space", ["dense", "small", "moe"])
+def test_enumerated_parameters_read_back(space):
+    """Every enumerated layout's generic knobs come back from `params_for` (the read-back each declares), on a
+    small model (the core knobs' split offsets are repaired on the way in, so not every offset reads back)."""
+    sp = S.load_space(space)
+    m = load_model("Qwen3-30B-A3B" if space == "moe" else "Qwen3-0.6B")
+    wl = Workload(seq_length=4096, global_batch=16)
+    pairs = sp.enumerate(m, 8, wl, get_engine("slime"))
+    assert pairs
+    for params, lay in pairs[:: max(1, len(pairs) // 400)]:
+        back = sp.params_for(lay, m, wl)
+        if back is None:  # a split repaired past the offsets' domain (PP > 2: the last stage takes the remainder)
+            assert lay.pp > 2
+            continue
+        assert all(back[k.name] == params[k.name] for k in GENERIC if k.name in sp.knobs)

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from attune.recipe.codec import from_recipe_blocks, to_recipe_block
 from attune.recipe.models import LayoutBlock
 from attune.search import space as S
 from attune.search.spacefile import Fixed, Knobs
@@ -78,3 +79,38 @@ def test_enumerated_parameters_read_back(space):
             assert lay.pp > 2
             continue
         assert all(back[k.name] == params[k.name] for k in GENERIC if k.name in sp.knobs)
+
+
+# a value other than the default for each field a recipe's layout block carries, on a layout where it shows
+_SHOWN = dict(tp=2, sp=True, pp=2, dp=2, cp=2, vpp=2, ep=2, etp=2, moe_dispatcher="alltoall", max_tokens_per_gpu=4096,
+              distributed_optimizer=False, precision_aware_optimizer=True, account_for_embedding=True,
+              account_for_loss=True, offload_modules=("core_attn",), recompute_granularity="selective",
+              recompute_modules=("mlp",), optimizer_cpu_offload=True, offload_fraction=0.5, overlap_cpu_optimizer=True,
+              micro_batch_size=2, recompute_method="uniform", recompute_num_layers=3)
+
+
+def test_recipe_paths_are_where_the_codec_writes_and_reads():
+    """Each identity item whose recipe path is a key of the layout block: the codec writes the field there and
+    reads it back (the registry's recipe path and the codec say the same)."""
+    m = load_model("Qwen3-0.6B")
+    base = Layout(tp=1, pp=1, dp=8)
+    tried = []
+    for item in IDENTITY:
+        if not (item.recipe or "").startswith("layout.") or len(item.covers) != 1 or item.covers[0] not in _SHOWN:
+            continue
+        f = item.covers[0]
+        extra = {"recompute_granularity": "selective"} if f == "recompute_modules" else {
+            "recompute_granularity": "full", "recompute_method": "block", "recompute_num_layers": 1} if f in (
+            "recompute_method", "recompute_num_layers") else (
+            {"optimizer_cpu_offload": True, "precision_aware_optimizer": True} if f in (
+                "offload_fraction", "overlap_cpu_optimizer") else {})
+        lay = dataclasses.replace(base, **{**extra, f: _SHOWN[f]})
+        block = to_recipe_block(lay, m)
+        node = block
+        for part in item.recipe.removeprefix("layout.").split("."):
+            assert part in node, (f, item.recipe)
+            node = node[part]
+        back, _ = from_recipe_blocks(block, None)
+        assert getattr(back, f) == getattr(lay, f), f
+        tried.append(f)
+    assert sorted(tried) == sorted(_SHOWN)

@@ -37,7 +37,7 @@ from attune.search.spacefile import IntRange, SpaceFile
 # knob -> kind: "choice" (a list of values) or "int" ({low, high}), for the knobs a space may search
 KNOBS = {k.name: k.domain.kind for k in REGISTRY if k.searched}
 KNOB_NOTES = {k.name: k.note for k in REGISTRY if k.note}
-"""What each issue-15 knob means and where it is expanded."""
+"""What each knob that needs saying means and where it is expanded."""
 FIXED_ONLY = {k.name for k in REGISTRY if not k.searched}
 DEFAULTS = {k.name: k.default for k in REGISTRY}
 # knob-distance features of a layout (see `layout_features`) and their weights: one unit is "one knob step"

@@ -30,7 +30,7 @@ from .knobs import OFFLOAD_MODULES, RECOMPUTE_MODULES
 from .layout import MOE_DISPATCHERS, Layout
 
 __all__ = ["Choice", "IntSpan", "Modules", "Knob", "KnobContext", "IdentityField", "IDENTITY", "KEY_CONTEXT", "KNOBS",
-           "GENERIC", "knob", "flags_of", "modules_of", "OLD_PARAM_NAMES"]
+           "GENERIC", "knob", "flags_of", "modules_of"]
 
 
 # ---------------------------------------------------------------------------------------------- domains
@@ -220,8 +220,6 @@ KNOBS: tuple[Knob, ...] = (
 _BY_NAME = {k.name: k for k in KNOBS}
 GENERIC: tuple[Knob, ...] = tuple(k for k in KNOBS if k.generic)
 """The knobs `attune.search.space` handles through their declarations alone (expansion, fields, read-back)."""
-OLD_PARAM_NAMES: dict[str, str] = {}
-"""Optuna parameter names an older attune wrote -> the knob's name now (read once, where a study resumes)."""
 
 
 def knob(name: str) -> Knob:

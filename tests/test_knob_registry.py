@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
+import yaml
 
 from attune.recipe.codec import from_recipe_blocks, to_recipe_block
 from attune.recipe.models import LayoutBlock
+from attune.recipe.target import recipe_target
 from attune.search import space as S
 from attune.search.spacefile import Fixed, Knobs
 from attune.spec.flags import flag_table
@@ -18,6 +21,7 @@ from attune.spec.layout import Layout, Workload
 from attune.spec.model import load_model
 
 LAYOUT_FIELDS = [f.name for f in dataclasses.fields(Layout)]
+SEED = Path(__file__).parent / "fixtures" / "seed_recipe.yaml"
 
 
 def test_every_layout_field_is_one_item_of_the_identity():
@@ -114,3 +118,16 @@ def test_recipe_paths_are_where_the_codec_writes_and_reads():
         assert getattr(back, f) == getattr(lay, f), f
         tried.append(f)
     assert sorted(tried) == sorted(_SHOWN)
+
+
+def test_fields_carried_in_the_run_flags_read_back_from_a_recipe():
+    """Every field whose registry recipe path is run.flags comes back from a recipe's run flags (the overlap flags
+    were dropped before the registry said where they travel)."""
+    r = yaml.safe_load(SEED.read_text())
+    run_fields = {f for item in IDENTITY if item.recipe == "run.flags" for f in item.covers}
+    assert {"overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "moe_ep_overlap"} <= run_fields
+    r["run"] = r["run"].replace("--use-distributed-optimizer",
+                                "--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather")
+    lay = recipe_target(r).layout
+    assert lay.overlap_grad_reduce and lay.overlap_param_gather
+    assert not recipe_target(yaml.safe_load(SEED.read_text())).layout.overlap_grad_reduce

@@ -38,6 +38,7 @@ from attune.errors import FlagError, LayoutError, UserInputError
 from attune.runners.base import FAILED, OK, OOM, Capabilities, Runner, TrialResult, TrialSpec
 from attune.spec.flags import from_flags
 from attune.spec.identity import layout_key
+from attune.spec.knob_registry import TRIALS_CSV_COLUMNS as _CSV_LAYOUT_FIELDS
 from attune.spec.layout import Layout
 from attune.spec.model import ModelSpec
 from attune.spec.placement import stage_layer_counts, virtual_stage_counts
@@ -68,9 +69,8 @@ def _row_key(layout: Layout, num_layers: int, unknown: tuple[str, ...] = ()) -> 
     return layout_key(layout, num_layers)
 
 
-# Layout fields a trials.csv carries (attune.reporting.trials_csv.LAYOUT_COLUMNS); the rest are matched as unknown
-_TRIALS_CSV_FIELDS = ("tp", "sp", "pp", "first", "last", "vpp", "cp", "dp", "recompute_granularity",
-                      "recompute_method", "recompute_num_layers", "optimizer_cpu_offload", "max_tokens_per_gpu")
+# Layout fields a trials.csv carries (the knob registry's TRIALS_CSV_COLUMNS); the rest are matched as unknown
+_TRIALS_CSV_FIELDS = _CSV_LAYOUT_FIELDS
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Layout)}
 _TRIALS_CSV_UNKNOWN = tuple(f for f in _DEFAULTS if f not in _TRIALS_CSV_FIELDS and f not in ("micro_batch_size",))
 

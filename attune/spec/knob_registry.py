@@ -30,7 +30,7 @@ from .knobs import OFFLOAD_MODULES, RECOMPUTE_MODULES
 from .layout import MOE_DISPATCHERS, Layout
 
 __all__ = ["Choice", "IntSpan", "Modules", "Knob", "KnobContext", "IdentityField", "IDENTITY", "KEY_CONTEXT", "KNOBS",
-           "GENERIC", "knob", "flags_of", "modules_of"]
+           "GENERIC", "TRIALS_CSV_COLUMNS", "knob", "flags_of", "modules_of"]
 
 
 # ---------------------------------------------------------------------------------------------- domains
@@ -315,7 +315,7 @@ IDENTITY: tuple[IdentityField, ...] = (
 """The layout key's items, in its fixed order: every Layout field is covered by exactly one."""
 
 
-def feature_value(k: Knob, layout: Layout) -> float:
-    """A generic knob's feature for a layout (0 where it declares none)."""
-    return float(k.feature(layout)) if k.feature is not None else 0.0
-
+TRIALS_CSV_COLUMNS = ("tp", "sp", "pp", "first", "last", "vpp", "cp", "dp", "recompute_granularity", "recompute_method",
+                      "recompute_num_layers", "optimizer_cpu_offload", "max_tokens_per_gpu")
+"""The Layout fields a trials.csv carries in columns of their own, in column order (attune.reporting.trials_csv
+writes them; the replay runner reads a trials.csv back by them and matches the other fields as unknown)."""

@@ -94,7 +94,8 @@ def _element(k: Knob) -> Any:
 Knobs = create_model(
     "Knobs", __config__=ConfigDict(extra="forbid", title="knob"),
     __doc__="``knobs:``, each the domain Optuna samples (attune.search.space.KNOBS names the same knobs).",
-    **{k.name: (IntRange if isinstance(k.domain, IntSpan) else Choices(_element(k)), None) for k in KNOBS if k.searched})
+    **{k.name: (IntRange if isinstance(k.domain, IntSpan) else Choices(_element(k)), None)
+       for k in KNOBS if k.searched})
 Fixed = create_model(
     "Fixed", __config__=ConfigDict(extra="forbid", title="setting"),
     __doc__="``fixed:``, one value per knob or fixed-only setting.",

@@ -255,13 +255,18 @@ class IdentityField:
     """Where a recipe carries the fields (a ``layout.`` / ``workload.`` key, or ``run.flags``)."""
 
 
+def _item(name: str, value: str, recipe: str | None = None) -> IdentityField:
+    """The key item of one Layout field of that name."""
+    return IdentityField(name, (name,), value, recipe)
+
+
 def _plain(name: str, recipe: str | None = None, *, as_bool: bool = False) -> IdentityField:
     return IdentityField(name, (name,), f"bool(lay.{name})" if as_bool else f"lay.{name}", recipe)
 
 
 IDENTITY: tuple[IdentityField, ...] = (
     _plain("tp", "layout.tp"),
-    IdentityField("sp", ("sp",), "sp", "layout.sequence_parallel"),
+    _item("sp", "sp", "layout.sequence_parallel"),
     _plain("pp", "layout.pp"), _plain("dp", "layout.dp"), _plain("cp", "layout.cp"), _plain("vpp", "layout.vpp"),
     # the split as the layers of every stage and virtual stage: first/last or a layout string giving the same
     # counts are one layout
@@ -275,30 +280,23 @@ IDENTITY: tuple[IdentityField, ...] = (
     # recompute of N >= a chunk's layers recomputes the whole chunk; uniform groups of N >= it are one group).
     # The uniform group size IS identity: every group keeps its input and one group is rebuilt in backward
     # (attune/estimator/memory.py, uniform branch), so groups of 2 and of 3 use different memory.
-    IdentityField("recompute_method", ("recompute_method",), "lay.recompute_method if full else None",
-                  "layout.recompute.method"),
-    IdentityField("recompute_num_layers", ("recompute_num_layers",), "n", "layout.recompute.num_layers"),
-    IdentityField("recompute_modules", ("recompute_modules",), "tuple(sorted(lay.effective_recompute_modules))",
-                  "layout.recompute.modules"),
-    IdentityField("offload_modules", ("offload_modules",), "tuple(sorted(lay.offload_modules))",
-                  "layout.offload_modules"),
+    _item("recompute_method", "lay.recompute_method if full else None", "layout.recompute.method"),
+    _item("recompute_num_layers", "n", "layout.recompute.num_layers"),
+    _item("recompute_modules", "tuple(sorted(lay.effective_recompute_modules))", "layout.recompute.modules"),
+    _item("offload_modules", "tuple(sorted(lay.offload_modules))", "layout.offload_modules"),
     _plain("mtp_layers", "run.flags"),
     _plain("distributed_optimizer", "layout.distributed_optimizer", as_bool=True),
     _plain("precision_aware_optimizer", "layout.precision_aware_optimizer", as_bool=True),
-    IdentityField("optimizer_cpu_offload", ("optimizer_cpu_offload",), "offload", "layout.offload"),
-    IdentityField("offload_fraction", ("offload_fraction",), "float(lay.offload_fraction) if offload else None",
-                  "layout.offload.fraction"),
-    IdentityField("overlap_cpu_optimizer", ("overlap_cpu_optimizer",),
-                  "bool(lay.overlap_cpu_optimizer) if offload else None", "layout.offload.overlap"),
+    _item("optimizer_cpu_offload", "offload", "layout.offload"),
+    _item("offload_fraction", "float(lay.offload_fraction) if offload else None", "layout.offload.fraction"),
+    _item("overlap_cpu_optimizer", "bool(lay.overlap_cpu_optimizer) if offload else None", "layout.offload.overlap"),
     _plain("precision", "workload.precision"),
     _plain("overlap_grad_reduce", "run.flags", as_bool=True),
     _plain("overlap_param_gather", "run.flags", as_bool=True),
-    IdentityField("tp_comm_overlap", ("tp_comm_overlap",), "bool(lay.tp_comm_overlap) and sp", "run.flags"),
+    _item("tp_comm_overlap", "bool(lay.tp_comm_overlap) and sp", "run.flags"),
     # the microbatch size only without dynamic batching
-    IdentityField("max_tokens_per_gpu", ("max_tokens_per_gpu",), "lay.max_tokens_per_gpu or None",
-                  "layout.max_tokens_per_gpu"),
-    IdentityField("micro_batch_size", ("micro_batch_size",), "None if lay.max_tokens_per_gpu else lay.micro_batch_size",
-                  "layout.rows_per_microbatch"),
+    _item("max_tokens_per_gpu", "lay.max_tokens_per_gpu or None", "layout.max_tokens_per_gpu"),
+    _item("micro_batch_size", "None if lay.max_tokens_per_gpu else lay.micro_batch_size", "layout.rows_per_microbatch"),
     _plain("ep", "layout.ep"), _plain("etp", "layout.etp"), _plain("moe_dispatcher", "layout.dispatcher"),
     _plain("moe_grouped_gemm", "run.flags", as_bool=True),
     _plain("moe_permute_fusion", "run.flags", as_bool=True),
@@ -308,7 +306,7 @@ IDENTITY: tuple[IdentityField, ...] = (
     _plain("moe_ep_overlap", "run.flags", as_bool=True),
     # low precision (issue 22): the recipe only where a format is set, as the flags say
     _plain("fp8_format", "run.flags"),
-    IdentityField("fp8_recipe", ("fp8_recipe",), "lay.fp8_recipe if lay.fp8_format else None", "run.flags"),
+    _item("fp8_recipe", "lay.fp8_recipe if lay.fp8_format else None", "run.flags"),
     _plain("fp8_param_gather", "run.flags", as_bool=True),
     _plain("fp4_format", "run.flags"),
 )

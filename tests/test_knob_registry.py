@@ -15,7 +15,7 @@ from attune.search import space as S
 from attune.search.spacefile import Fixed, Knobs
 from attune.spec.flags import flag_table
 from attune.spec.identity import KEY_DERIVED_FIELDS, layout_key
-from attune.spec.knob_registry import GENERIC, IDENTITY, KNOBS, IntSpan, flags_of
+from attune.spec.knob_registry import GENERIC, IDENTITY, KNOBS, IntSpan, flags_of, recipe_paths
 from attune.spec.engine import get_engine
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import load_model
@@ -44,10 +44,10 @@ def test_recipe_paths_name_recipe_keys():
     """Every identity item says where a recipe carries it: a layout-block key of the recipe model, the workload
     block's precision, or the run flags (whose fields have flags in the table)."""
     for item in IDENTITY:
-        if item.recipe is None:
+        if not recipe_paths(item):
             assert item.name == "virtual_stage_layers"  # derived from vpp and the split, both carried
             continue
-        for path in item.recipe.split(" / "):
+        for path in recipe_paths(item):
             block, _, key = path.partition(".")
             if block == "layout":
                 assert key.split(".")[0] in LayoutBlock.model_fields, path
@@ -100,7 +100,8 @@ def test_recipe_paths_are_where_the_codec_writes_and_reads():
     base = Layout(tp=1, pp=1, dp=8)
     tried = []
     for item in IDENTITY:
-        if not (item.recipe or "").startswith("layout.") or len(item.covers) != 1 or item.covers[0] not in _SHOWN:
+        paths = recipe_paths(item)
+        if len(paths) != 1 or not paths[0].startswith("layout.") or item.covers[0] not in _SHOWN:
             continue
         f = item.covers[0]
         extra = {"recompute_granularity": "selective"} if f == "recompute_modules" else {
@@ -111,20 +112,22 @@ def test_recipe_paths_are_where_the_codec_writes_and_reads():
         lay = dataclasses.replace(base, **{**extra, f: _SHOWN[f]})
         block = to_recipe_block(lay, m)
         node = block
-        for part in item.recipe.removeprefix("layout.").split("."):
-            assert part in node, (f, item.recipe)
+        for part in paths[0].removeprefix("layout.").split("."):
+            assert part in node, (f, paths[0])
             node = node[part]
         back, _ = from_recipe_blocks(block, None)
         assert getattr(back, f) == getattr(lay, f), f
         tried.append(f)
     assert sorted(tried) == sorted(_SHOWN)
+    assert recipe_paths(next(i for i in IDENTITY if i.name == "stage_layers")) == (
+        "layout.layer_split.first", "layout.layer_split.last", "layout.pipeline_layout")
 
 
 def test_fields_carried_in_the_run_flags_read_back_from_a_recipe():
     """Every field whose registry recipe path is run.flags comes back from a recipe's run flags (the overlap flags
     were dropped before the registry said where they travel)."""
     r = yaml.safe_load(SEED.read_text())
-    run_fields = {f for item in IDENTITY if item.recipe == "run.flags" for f in item.covers}
+    run_fields = {f for item in IDENTITY if recipe_paths(item) == ("run.flags",) for f in item.covers}
     assert {"overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "moe_ep_overlap"} <= run_fields
     r["run"] = r["run"].replace("--use-distributed-optimizer",
                                 "--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather")

@@ -30,7 +30,7 @@ from attune.recipe.runblock import parse_run, unclosed_quote
 from attune.spec.engine import Engine, get_engine
 from attune.spec.flags import LAYOUT_FLAGS, WORKLOAD_FLAGS
 from attune.spec.hardware import Cluster, parse_cluster
-from attune.spec.knob_registry import IDENTITY
+from attune.spec.knob_registry import IDENTITY, recipe_paths
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec, load_model
 from attune.spec.rules import check, derive_dp
@@ -124,7 +124,7 @@ def _run_flags(recipe: dict, source: str) -> dict[str, str | None] | None:
 # Layout fields with no recipe key: a recipe carries them in its run flags only (their recipe path in the knob
 # registry is run.flags: the MoE kernel switches, the overlap flags, the numerics-class options)
 _NUMERICS_LAYOUT = {flag: (name, kind) for flag, (name, kind) in LAYOUT_FLAGS.items()
-                    if name in {f for item in IDENTITY if item.recipe == "run.flags" for f in item.covers}}
+                    if name in {f for item in IDENTITY if recipe_paths(item) == ("run.flags",) for f in item.covers}}
 
 
 def _numerics_fields(flags: dict[str, str | None], source: str) -> dict[str, Any]:

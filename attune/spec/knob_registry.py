@@ -4,11 +4,13 @@ Two tables, and everything else is generated from them:
 
 * ``IDENTITY``: every Layout field, in the order of the layout key, with how it enters **the** identity of a
   layout (`attune.spec.identity.layout_key`: anything that can change a measurement, memory included, is in it,
-  normalised where a value cannot change the run) and its recipe path (where a recipe carries it: a key of the
-  ``layout`` / ``workload`` block, or ``run.flags`` for the options that travel as launch flags). A field's
-  flags are not repeated here: the flag table (``megatron_flags.yaml``, `attune.spec.flags`) maps each flag to
-  its field, and `flags_of` reads it (the same Megatron-LM flags for every engine; ``engine_choices`` in the
-  table narrows a flag's values per engine).
+  normalised where a value cannot change the run) and its recipe path (`recipe_paths`: where a recipe carries
+  it, a key of the ``layout`` / ``workload`` block or ``run.flags`` for the options that travel as launch flags).
+  A field's flags and most recipe keys are not repeated here: the flag table (``megatron_flags.yaml``,
+  `attune.spec.flags`) maps each flag to its field and its recipe key, and `flags_of` / `recipe_paths` read it
+  (the same Megatron-LM flags for every engine; ``engine_choices`` in the table narrows a flag's values per
+  engine); only the four fields no flag's entry places (DP, the microbatch rows, the distributed optimizer, the
+  precision) declare theirs.
 * ``KNOBS``: every search-space knob (the Optuna parameter names of ``attune/search/spaces/*.yaml``), with its
   typed domain (a choice of typed values, an integer range, or a '+'-joined list of module names), its default,
   whether it is searched or only fixed, the Layout fields it sets and its knob-distance features. A *generic*
@@ -30,7 +32,7 @@ from .knobs import OFFLOAD_MODULES, RECOMPUTE_MODULES
 from .layout import MOE_DISPATCHERS, Layout
 
 __all__ = ["Choice", "IntSpan", "Modules", "Knob", "KnobContext", "IdentityField", "IDENTITY", "KEY_CONTEXT", "KNOBS",
-           "GENERIC", "TRIALS_CSV_COLUMNS", "knob", "flags_of", "modules_of"]
+           "GENERIC", "TRIALS_CSV_COLUMNS", "knob", "flags_of", "modules_of", "recipe_paths"]
 
 
 # ---------------------------------------------------------------------------------------------- domains
@@ -252,7 +254,19 @@ class IdentityField:
     """The item's value as a Python expression over ``lay`` and KEY_CONTEXT: the field normalised where a value
     cannot change the run (`attune.spec.identity` compiles all of them into one function)."""
     recipe: str | None = None
-    """Where a recipe carries the fields (a ``layout.`` / ``workload.`` key, or ``run.flags``)."""
+    """Where a recipe carries the fields, for the fields whose flags do not say it (`recipe_paths`)."""
+
+
+def recipe_paths(item: IdentityField) -> tuple[str, ...]:
+    """Where a recipe carries an identity item: its declared ``recipe``, else the flag table's ``recipe`` keys of
+    its fields' flags (the layout-block keys lint compares the run with), else ``run.flags`` for fields that have
+    flags but no recipe key (a recipe carries them in its run flags only); () for a derived item."""
+    if item.recipe is not None:
+        return (item.recipe,)
+    table = raw_table().get("flags") or {}
+    paths = tuple(dict.fromkeys(e["recipe"] for f in item.covers for e in table.values()
+                                if isinstance(e, dict) and e.get("field") == f"layout.{f}" and e.get("recipe")))
+    return paths or (("run.flags",) if any(flags_of(f) for f in item.covers) else ())
 
 
 def _item(name: str, value: str, recipe: str | None = None) -> IdentityField:
@@ -265,50 +279,44 @@ def _plain(name: str, recipe: str | None = None, *, as_bool: bool = False) -> Id
 
 
 IDENTITY: tuple[IdentityField, ...] = (
-    _plain("tp", "layout.tp"),
-    _item("sp", "sp", "layout.sequence_parallel"),
-    _plain("pp", "layout.pp"), _plain("dp", "layout.dp"), _plain("cp", "layout.cp"), _plain("vpp", "layout.vpp"),
+    _plain("tp"),
+    _item("sp", "sp"),
+    _plain("pp"), _plain("dp", "layout.dp"), _plain("cp"), _plain("vpp"),
     # the split as the layers of every stage and virtual stage: first/last or a layout string giving the same
     # counts are one layout
-    IdentityField("stage_layers", ("first", "last", "pipeline_layout"), "counts",
-                  "layout.layer_split / layout.pipeline_layout"),
+    IdentityField("stage_layers", ("first", "last", "pipeline_layout"), "counts"),
     IdentityField("virtual_stage_layers", (), "virt"),
-    _plain("account_for_embedding", "layout.account_for_embedding", as_bool=True),
-    _plain("account_for_loss", "layout.account_for_loss", as_bool=True),
-    _plain("recompute_granularity", "layout.recompute.granularity"),
+    _plain("account_for_embedding", as_bool=True), _plain("account_for_loss", as_bool=True),
+    _plain("recompute_granularity"),
     # the method and the layer count only with full recompute, the count capped at a chunk's layers (block
     # recompute of N >= a chunk's layers recomputes the whole chunk; uniform groups of N >= it are one group).
     # The uniform group size IS identity: every group keeps its input and one group is rebuilt in backward
     # (attune/estimator/memory.py, uniform branch), so groups of 2 and of 3 use different memory.
-    _item("recompute_method", "lay.recompute_method if full else None", "layout.recompute.method"),
-    _item("recompute_num_layers", "n", "layout.recompute.num_layers"),
-    _item("recompute_modules", "tuple(sorted(lay.effective_recompute_modules))", "layout.recompute.modules"),
-    _item("offload_modules", "tuple(sorted(lay.offload_modules))", "layout.offload_modules"),
-    _plain("mtp_layers", "run.flags"),
+    _item("recompute_method", "lay.recompute_method if full else None"),
+    _item("recompute_num_layers", "n"),
+    _item("recompute_modules", "tuple(sorted(lay.effective_recompute_modules))"),
+    _item("offload_modules", "tuple(sorted(lay.offload_modules))"),
+    _plain("mtp_layers"),
     _plain("distributed_optimizer", "layout.distributed_optimizer", as_bool=True),
-    _plain("precision_aware_optimizer", "layout.precision_aware_optimizer", as_bool=True),
-    _item("optimizer_cpu_offload", "offload", "layout.offload"),
-    _item("offload_fraction", "float(lay.offload_fraction) if offload else None", "layout.offload.fraction"),
-    _item("overlap_cpu_optimizer", "bool(lay.overlap_cpu_optimizer) if offload else None", "layout.offload.overlap"),
+    _plain("precision_aware_optimizer", as_bool=True),
+    _item("optimizer_cpu_offload", "offload"),
+    _item("offload_fraction", "float(lay.offload_fraction) if offload else None"),
+    _item("overlap_cpu_optimizer", "bool(lay.overlap_cpu_optimizer) if offload else None"),
     _plain("precision", "workload.precision"),
-    _plain("overlap_grad_reduce", "run.flags", as_bool=True),
-    _plain("overlap_param_gather", "run.flags", as_bool=True),
-    _item("tp_comm_overlap", "bool(lay.tp_comm_overlap) and sp", "run.flags"),
+    _plain("overlap_grad_reduce", as_bool=True), _plain("overlap_param_gather", as_bool=True),
+    _item("tp_comm_overlap", "bool(lay.tp_comm_overlap) and sp"),
     # the microbatch size only without dynamic batching
-    _item("max_tokens_per_gpu", "lay.max_tokens_per_gpu or None", "layout.max_tokens_per_gpu"),
+    _item("max_tokens_per_gpu", "lay.max_tokens_per_gpu or None"),
     _item("micro_batch_size", "None if lay.max_tokens_per_gpu else lay.micro_batch_size", "layout.rows_per_microbatch"),
-    _plain("ep", "layout.ep"), _plain("etp", "layout.etp"), _plain("moe_dispatcher", "layout.dispatcher"),
-    _plain("moe_grouped_gemm", "run.flags", as_bool=True),
-    _plain("moe_permute_fusion", "run.flags", as_bool=True),
-    _plain("moe_shared_expert_overlap", "run.flags", as_bool=True),
-    _plain("moe_capacity_factor", "run.flags"),
-    _plain("moe_force_balance", "run.flags", as_bool=True),
-    _plain("moe_ep_overlap", "run.flags", as_bool=True),
+    _plain("ep"), _plain("etp"), _plain("moe_dispatcher"),
+    _plain("moe_grouped_gemm", as_bool=True), _plain("moe_permute_fusion", as_bool=True),
+    _plain("moe_shared_expert_overlap", as_bool=True), _plain("moe_capacity_factor"),
+    _plain("moe_force_balance", as_bool=True), _plain("moe_ep_overlap", as_bool=True),
     # low precision (issue 22): the recipe only where a format is set, as the flags say
-    _plain("fp8_format", "run.flags"),
-    _item("fp8_recipe", "lay.fp8_recipe if lay.fp8_format else None", "run.flags"),
-    _plain("fp8_param_gather", "run.flags", as_bool=True),
-    _plain("fp4_format", "run.flags"),
+    _plain("fp8_format"),
+    _item("fp8_recipe", "lay.fp8_recipe if lay.fp8_format else None"),
+    _plain("fp8_param_gather", as_bool=True),
+    _plain("fp4_format"),
 )
 """The layout key's items, in its fixed order: every Layout field is covered by exactly one."""
 

@@ -26,7 +26,7 @@ from attune.errors import LayoutError
 from attune.spec.rules import check, layout_string_refusal
 from attune.spec.placement import stage_layer_counts
 from attune.spec.identity import KEY_DERIVED_FIELDS, layout_from_dict, layout_key  # noqa: F401 (re-exported)
-from attune.spec.knob_registry import GENERIC, KNOBS as REGISTRY, KnobContext
+from attune.spec.knob_registry import GENERIC, GENERIC_DENSE, KNOBS as REGISTRY, KnobContext
 from attune.spec.pipeline_layout import layout_string
 from attune.spec.model import ModelSpec
 from attune.spec.textio import load_yaml, read_text
@@ -128,9 +128,11 @@ class SearchSpace:
         out: dict[tuple, tuple[dict, Layout]] = {}
         k_shard, n_shards = shard or (0, 1)
         counter = -1
-        generic = [(k, self.domain(k.name)) for k in GENERIC]
-        generic_names = [k.name for k in GENERIC]
-        moe_model, shared = model.moe is not None, model.moe is not None and model.moe.shared_ffn > 0
+        # the searchable generic knobs with their domain here and its first value (a one-value domain never expands)
+        generic = [(k, d, d[:1]) for k in (GENERIC if model.moe else GENERIC_DENSE) if k.searched
+                   for d in (self.domain(k.name),)]
+        generic_names = [k.name for k, _, _ in generic]
+        shared = model.moe is not None and model.moe.shared_ffn > 0
         for tp, pp, cp in itertools.product(self.domain("tp"), self.domain("pp"), self.domain("cp")):
             if world_size % (tp * pp * cp):
                 continue
@@ -190,9 +192,8 @@ class SearchSpace:
                 for sp, (rec, rm, rl), off, rows, (ep, etp, dsp) in itertools.product(
                         sps, recs, self.domain("optimizer_cpu_offload"), self.domain("tokens_per_microbatch_rows"), moe):
                     # the registry's generic knobs, expanded only where they can change the layout (their `applies`)
-                    ctx = KnobContext(tp=tp, sp=bool(sp) and tp > 1, pp=pp, cp=cp, dp=dp, vpp=vpp, recompute=rec,
-                                      offload=bool(off), moe=moe_model, shared_experts=shared, ep=ep, dispatcher=dsp)
-                    for values in itertools.product(*(d if k.applies(ctx) else d[:1] for k, d in generic)):
+                    ctx = KnobContext(tp, bool(sp) and tp > 1, pp, cp, dp, vpp, rec, bool(off), shared, ep, dsp)
+                    for values in itertools.product(*(d if len(d) > 1 and k.applies(ctx) else d1 for k, d, d1 in generic)):
                         counter += 1
                         if counter % n_shards != k_shard:
                             continue
@@ -285,12 +286,11 @@ class SearchSpace:
                         model: ModelSpec) -> dict:
         """The Layout fields of the registry's generic knobs (module recompute, activation offload, overlap, ...)."""
         moe = model.moe
-        ctx = KnobContext(tp=tp, sp=bool(g("sequence_parallel")) and tp > 1, pp=pp, cp=cp, dp=dp, vpp=vpp,
-                          recompute=rec, offload=offload, moe=moe is not None,
-                          shared_experts=moe is not None and moe.shared_ffn > 0,
-                          ep=int(g("ep")) if moe is not None else 1, dispatcher=g("dispatcher") if moe else None)
+        ctx = KnobContext(tp, bool(g("sequence_parallel")) and tp > 1, pp, cp, dp, vpp, rec, offload,
+                          moe is not None and moe.shared_ffn > 0, int(g("ep")) if moe else 1,
+                          g("dispatcher") if moe else None)
         out: dict = {}
-        for k in GENERIC:
+        for k in GENERIC if moe else GENERIC_DENSE:
             out.update(k.to_fields(g(k.name), ctx))
         return out
 

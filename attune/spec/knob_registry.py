@@ -32,7 +32,7 @@ from .knobs import OFFLOAD_MODULES, RECOMPUTE_MODULES
 from .layout import MOE_DISPATCHERS, Layout
 
 __all__ = ["Choice", "IntSpan", "Modules", "Knob", "KnobContext", "IdentityField", "IDENTITY", "KEY_CONTEXT", "KNOBS",
-           "GENERIC", "TRIALS_CSV_COLUMNS", "knob", "flags_of", "modules_of", "recipe_paths"]
+           "GENERIC", "GENERIC_DENSE", "TRIALS_CSV_COLUMNS", "knob", "flags_of", "modules_of", "recipe_paths"]
 
 
 # ---------------------------------------------------------------------------------------------- domains
@@ -81,8 +81,6 @@ class KnobContext:
     vpp: int
     recompute: str
     offload: bool
-    moe: bool
-    """The model has routed experts."""
     shared_experts: bool
     """The model's MoE layers have a shared expert."""
     ep: int = 1
@@ -122,6 +120,9 @@ class Knob:
     """Generic knobs: the value that gives ``layout`` (second argument: the space's first value of the knob)."""
     off_domain_ok: Callable[[Layout], bool] = field(default=lambda lay: False)
     """Generic knobs: a layout whose value this space lacks is still expressed (the knob cannot matter there)."""
+    moe_only: bool = False
+    """Generic knobs: a mixture-of-experts setting; a dense model keeps the Layout default (neither expanded nor
+    set)."""
 
     @property
     def generic(self) -> bool:
@@ -142,13 +143,9 @@ def _overlap(v, c: KnobContext) -> dict:
 
 
 def _moe_switch(name: str, needs_shared: bool = False) -> Callable[[Any, KnobContext], dict]:
-    """A MoE switch: set only for a MoE model (a dense model keeps the Layout default), and the shared-expert
-    ones only where the model has a shared expert."""
-    def to_fields(v, c: KnobContext) -> dict:
-        if not c.moe:
-            return {}
-        return {name: bool(v) and (c.shared_experts or not needs_shared)}
-    return to_fields
+    """A MoE switch (its knob is ``moe_only``); the shared-expert ones set only where the model has a shared
+    expert."""
+    return lambda v, c: {name: bool(v) and (c.shared_experts or not needs_shared)}
 
 
 KNOBS: tuple[Knob, ...] = (
@@ -199,7 +196,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("moe_ep_overlap", ("moe_ep_overlap",), _BOOL, False,
          note="--overlap-moe-expert-parallel-comm; MoE models at EP > 1 only (elsewhere there is no expert "
               "all-to-all to hide)",
-         applies=lambda c: c.moe and c.ep > 1, to_fields=_moe_switch("moe_ep_overlap"),
+         applies=lambda c: c.ep > 1, to_fields=_moe_switch("moe_ep_overlap"), moe_only=True,
          from_layout=lambda lay, first: bool(lay.moe_ep_overlap), feature=lambda lay: float(lay.moe_ep_overlap)),
     Knob("stage_layout", ("pipeline_layout",), Choice("str", ("split", "string")), "split",
          note="'split' (first/last counts, middle stages even) or 'string': the same first/last with the middle "
@@ -211,17 +208,20 @@ KNOBS: tuple[Knob, ...] = (
     Knob("distributed_optimizer", ("distributed_optimizer",), _BOOL, True, searched=False),
     Knob("overlap_cpu_optimizer", ("overlap_cpu_optimizer",), _BOOL, True, searched=False),
     Knob("moe_grouped_gemm", ("moe_grouped_gemm",), _BOOL, True, searched=False,
-         applies=lambda c: False, to_fields=_moe_switch("moe_grouped_gemm")),
+         applies=lambda c: False, to_fields=_moe_switch("moe_grouped_gemm"), moe_only=True),
     Knob("moe_permute_fusion", ("moe_permute_fusion",), _BOOL, True, searched=False,
-         applies=lambda c: False, to_fields=_moe_switch("moe_permute_fusion")),
+         applies=lambda c: False, to_fields=_moe_switch("moe_permute_fusion"), moe_only=True),
     Knob("moe_shared_expert_overlap", ("moe_shared_expert_overlap",), _BOOL, False, searched=False,
-         applies=lambda c: False, to_fields=_moe_switch("moe_shared_expert_overlap", needs_shared=True)),
+         applies=lambda c: False, to_fields=_moe_switch("moe_shared_expert_overlap", needs_shared=True),
+         moe_only=True),
 )
 """Every knob, in the order of a space's parameters and of the knob-distance features."""
 
 _BY_NAME = {k.name: k for k in KNOBS}
 GENERIC: tuple[Knob, ...] = tuple(k for k in KNOBS if k.generic)
 """The knobs `attune.search.space` handles through their declarations alone (expansion, fields, read-back)."""
+GENERIC_DENSE: tuple[Knob, ...] = tuple(k for k in GENERIC if not k.moe_only)
+"""The generic knobs of a dense model."""
 
 
 def knob(name: str) -> Knob:

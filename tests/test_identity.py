@@ -28,3 +28,17 @@ def test_a_claim_written_before_the_one_key_is_rekeyed_from_its_layout():
     theirs = study.ask()
     theirs.set_user_attr(CLAIM, other)
     assert contest(study, theirs, other, target=10, rekey=rekey) is None
+
+
+def test_grep_finds_one_layout_key():
+    """Issue 19: one identity. Exactly one function in attune computes a layout's key (`layout_key`); the replay
+    runner, the sampler, the scoring table and the claims call it, and no other `*_key` of a layout exists."""
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1] / "attune"
+    defs = [(p.relative_to(root.parent).as_posix(), m.group(1)) for p in sorted(root.rglob("*.py"))
+            for m in re.finditer(r"^\s*def (\w*(?:layout|replay)_key)\(", p.read_text(), re.M)]
+    assert defs == [("attune/spec/identity.py", "layout_key")]
+    users = {p.relative_to(root.parent).as_posix() for p in root.rglob("*.py") if "layout_key(" in p.read_text()}
+    assert {"attune/runners/replay.py", "attune/search/sampler.py", "attune/search/tuner.py",
+            "attune/search/scoring.py"} <= users

@@ -108,7 +108,7 @@ def predict(corpus: Corpus, coefficients: CoefficientsFor = default_coefficients
 
 
 # ---------------------------------------------------------------------- scores
-def _layout_key(r: CorpusRow) -> tuple:
+def _series_point(r: CorpusRow) -> tuple:
     """What makes two rows of a series different layouts (weak scaling's DP alone does not): model,
     TP, PP, VPP, CP, SP, micro batch, recompute and microbatches per DP rank."""
     lay, wl = r.layout, r.workload
@@ -155,7 +155,7 @@ def score(series: str, preds: Sequence[Prediction]) -> SeriesScore:
     errs = [p.error for p in tp]
     comp = [abs(e) for p in preds for e in (*p.component_errors.values(), *p.peak_errors.values())]
     verdicts = [p.verdict_right for p in preds if p.verdict_right is not None]
-    keys = {_layout_key(p.row) for p in tp}
+    keys = {_series_point(p.row) for p in tp}
     return SeriesScore(
         series=series, rows=len(preds), throughput_rows=len(tp),
         mape=sum(abs(e) for e in errs) / len(errs) if errs else None,

@@ -30,6 +30,7 @@ from attune.recipe.runblock import parse_run, unclosed_quote
 from attune.spec.engine import DEFAULT_ENGINE, Engine, get_engine
 from attune.spec.flags import LAYOUT_FLAGS, WORKLOAD_FLAGS
 from attune.spec.hardware import Cluster, parse_cluster
+from attune.spec.knob_registry import IDENTITY, recipe_paths
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec, load_model
 from attune.spec.rules import check, derive_dp
@@ -134,15 +135,16 @@ def _run_flags(run: Any, source: str) -> dict[str, str | None] | None:
     return parse_run(run).flag_dict()
 
 
-# Layout fields of numerics class with no recipe key: a recipe carries them in its run flags only
+# Layout fields with no recipe key: a recipe carries them in its run flags only (their recipe path in the knob
+# registry is run.flags: the MoE kernel switches, the overlap flags, the numerics-class options)
 _NUMERICS_LAYOUT = {flag: (name, kind) for flag, (name, kind) in LAYOUT_FLAGS.items()
-                    if name in ("moe_capacity_factor", "moe_force_balance", "mtp_layers", "fp8_format", "fp8_recipe",
-                                "fp8_param_gather", "fp4_format")}
+                    if name in {f for item in IDENTITY if recipe_paths(item) == ("run.flags",) for f in item.covers}}
 
 
 def _numerics_fields(flags: dict[str, str | None], source: str) -> dict[str, Any]:
-    """``--moe-expert-capacity-factor``, ``--moe-router-force-load-balancing`` and ``--mtp-num-layers`` of the run
-    flags (they change the loss, so the layout block does not name them; dropping them would change the recipe)."""
+    """The Layout fields of the run flags that the layout block does not name (`_NUMERICS_LAYOUT`: MoE kernel
+    switches, communication overlap, ``--moe-expert-capacity-factor``, ``--mtp-num-layers``, low precision ...);
+    dropping them would change the recipe's layout."""
     out: dict[str, Any] = {}
     for flag, (name, kind) in _NUMERICS_LAYOUT.items():
         if flag not in flags:
@@ -217,12 +219,8 @@ def recipe_target(recipe: dict | Recipe, *, engine: str | Engine | None = None, 
             workload_block.model_dump(exclude_unset=True) if workload_block else None,
             base_workload or Workload(), precision_aware_default=precision_aware)
         layout = replace(layout, dp=derive_dp(cluster.world_size, layout.tp, layout.pp, layout.cp))
-        if flags:  # MoE kernel switches live in the run flags only (the layout block names EP, ETP, dispatcher)
-            layout = replace(layout, moe_grouped_gemm="--moe-grouped-gemm" in flags,
-                             moe_permute_fusion="--moe-permute-fusion" in flags,
-                             moe_shared_expert_overlap="--moe-shared-expert-overlap" in flags,
-                             moe_ep_overlap="--overlap-moe-expert-parallel-comm" in flags,
-                             **_numerics_fields(flags, source))
+        if flags:  # the fields that live in the run flags only (the layout block names EP, ETP, dispatcher)
+            layout = replace(layout, **_numerics_fields(flags, source))
     except UserInputError as e:
         raise RecipeError(f"{source} layout: {_one_line(e)}") from None
     try:

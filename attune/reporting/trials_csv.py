@@ -8,10 +8,10 @@ from pathlib import Path
 import optuna
 
 from attune.search.records import TrialRecord
+from attune.spec.knob_registry import TRIALS_CSV_COLUMNS
 
-# layout fields copied into their own columns
-LAYOUT_COLUMNS = ("tp", "sp", "pp", "first", "last", "vpp", "cp", "dp", "recompute_granularity", "recompute_method",
-                  "recompute_num_layers", "optimizer_cpu_offload", "max_tokens_per_gpu")
+# layout fields copied into their own columns (the knob registry's list)
+LAYOUT_COLUMNS = TRIALS_CSV_COLUMNS
 # the columns of trials.csv, in order
 CSV_FIELDS = ["number", "state", "role", "kind", "runner", "label", *LAYOUT_COLUMNS, "predicted_peak_gib",
               "predicted_peak_stage", "measured_peak_gib", "predicted_tokens_per_s_per_gpu",

@@ -39,6 +39,7 @@ from attune.runners.base import FAILED, OK, OOM, Capabilities, Rerun, Runner, Tr
 from attune.runners.rerun import engine_rerun
 from attune.spec.flags import from_flags
 from attune.spec.identity import layout_key
+from attune.spec.knob_registry import TRIALS_CSV_COLUMNS as _CSV_LAYOUT_FIELDS
 from attune.spec.layout import Layout
 from attune.spec.model import ModelSpec
 from attune.spec.placement import stage_layer_counts, virtual_stage_counts
@@ -46,7 +47,7 @@ from attune.spec.rules import check
 from attune.spec.textio import load_yaml, read_text
 from attune.spec.validation import one_line
 
-__all__ = ["ReplayRunner", "ReplayRow", "ReplayTableError", "replay_key", "REQUIRED_COLUMNS"]
+__all__ = ["ReplayRunner", "ReplayRow", "ReplayTableError", "REQUIRED_COLUMNS"]
 
 REQUIRED_COLUMNS = ("flags", "outcome", "tokens_per_s_per_gpu", "step_time_s")
 OPTIONAL_COLUMNS = ("peak_gib", "oom_stage", "gpu_hours")
@@ -60,7 +61,7 @@ class ReplayTableError(UserInputError):
     """A measurements table the replay runner cannot read (exit code 2)."""
 
 
-def replay_key(layout: Layout, num_layers: int, unknown: tuple[str, ...] = ()) -> tuple:
+def _row_key(layout: Layout, num_layers: int, unknown: tuple[str, ...] = ()) -> tuple:
     """What identifies a layout in a replay table: the one layout key (`attune.spec.identity.layout_key`), with
     the fields a table cannot carry (`unknown`: a trials.csv has no columns for them) set to their defaults on
     both sides."""
@@ -69,9 +70,8 @@ def replay_key(layout: Layout, num_layers: int, unknown: tuple[str, ...] = ()) -
     return layout_key(layout, num_layers)
 
 
-# Layout fields a trials.csv carries (attune.reporting.trials_csv.LAYOUT_COLUMNS); the rest are matched as unknown
-_TRIALS_CSV_FIELDS = ("tp", "sp", "pp", "first", "last", "vpp", "cp", "dp", "recompute_granularity",
-                      "recompute_method", "recompute_num_layers", "optimizer_cpu_offload", "max_tokens_per_gpu")
+# Layout fields a trials.csv carries (the knob registry's TRIALS_CSV_COLUMNS); the rest are matched as unknown
+_TRIALS_CSV_FIELDS = _CSV_LAYOUT_FIELDS
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Layout)}
 _TRIALS_CSV_UNKNOWN = tuple(f for f in _DEFAULTS if f not in _TRIALS_CSV_FIELDS and f not in ("micro_batch_size",))
 
@@ -248,7 +248,7 @@ class ReplayRunner(Runner):
     def _index(self, num_layers: int) -> None:
         table: dict[tuple, ReplayRow] = {}
         for r in self.rows:
-            k = replay_key(r.layout, num_layers, r.unknown)
+            k = _row_key(r.layout, num_layers, r.unknown)
             if k in table:
                 raise ReplayTableError(f"{self.source}: rows {table[k].line} and {r.line} are the same layout "
                                        f"({r.layout.label()}); keep one row per layout")
@@ -313,7 +313,7 @@ class ReplayRunner(Runner):
             row = ReplayRow(line=n, layout=lay, outcome=outcome, tokens_per_s_per_gpu=tps, unknown=_TRIALS_CSV_UNKNOWN,
                             step_time_s=c.step_time_s, peak_gib=(peak,) if peak else (),
                             oom_stage=c.predicted_peak_stage if outcome == OOM else None, gpu_hours=c.gpu_hours)
-            k = replay_key(lay, model.num_layers, _TRIALS_CSV_UNKNOWN)
+            k = _row_key(lay, model.num_layers, _TRIALS_CSV_UNKNOWN)
             if k in seen and seen[k].outcome != FAILED and row.outcome != FAILED:
                 raise ReplayTableError(f"{path}: rows {seen[k].line} and {n} both measured layout {lay.label()}; "
                                        f"a study measures a layout once (a duplicated row?)")
@@ -336,7 +336,7 @@ class ReplayRunner(Runner):
         if self._num_layers != spec.model.num_layers:
             self._index(spec.model.num_layers)
         L = spec.model.num_layers
-        row = next((r for u in self._unknowns if (r := self._table.get(replay_key(spec.layout, L, u)))), None)
+        row = next((r for u in self._unknowns if (r := self._table.get(_row_key(spec.layout, L, u)))), None)
         if row is None:
             return TrialResult(status=FAILED, measured=True,
                                reason=f"layout {spec.layout.label()} not in the table {self.source}")

@@ -26,50 +26,25 @@ from attune.errors import LayoutError
 from attune.spec.rules import check, layout_string_refusal
 from attune.spec.placement import stage_layer_counts
 from attune.spec.identity import KEY_DERIVED_FIELDS, layout_from_dict, layout_key  # noqa: F401 (re-exported)
+from attune.spec.knob_registry import GENERIC, GENERIC_DENSE, KNOBS as REGISTRY, KnobContext
 from attune.spec.pipeline_layout import layout_string
 from attune.spec.model import ModelSpec
 from attune.spec.textio import load_yaml, read_text
 from attune.spec.validation import one_line
 from attune.search.spacefile import IntRange, SpaceFile
 
-# knob -> kind: "choice" (a list of values) or "int" ({low, high})
-KNOBS = {
-    "tp": "choice", "sequence_parallel": "choice", "pp": "choice", "first_offset": "int", "last_offset": "int",
-    "vpp": "choice", "cp": "choice", "recompute": "choice", "recompute_method": "choice", "recompute_layers": "int",
-    "optimizer_cpu_offload": "choice", "tokens_per_microbatch_rows": "choice",
-    "ep": "choice", "etp": "choice", "dispatcher": "choice",  # MoE (issue 14): expert parallel sizes, dispatcher
-    # issue 15: knobs beyond the seed (module recompute, partial optimizer offload, activation offload,
-    # communication overlap, explicit pipeline layout strings); see KNOB_NOTES
-    "recompute_modules": "choice", "offload_fraction": "choice", "activation_offload": "choice",
-    "comm_overlap": "choice", "stage_layout": "choice",
-}
-KNOB_NOTES = {
-    "recompute_modules": "selective recompute only: '+'-joined --recompute-modules names (core_attn, core_attn+mlp)",
-    "offload_fraction": "with optimizer_cpu_offload and no recompute (partial offload as the alternative to "
-                        "recompute; otherwise the domain's first value): --optimizer-offload-fraction",
-    "activation_offload": "with no recompute (the alternative to it): 'none' or '+'-joined --offload-modules names",
-    "comm_overlap": "--overlap-grad-reduce and --overlap-param-gather (and --tp-comm-overlap at TP > 1 with SP); "
-                    "expanded only where there is DP x CP or TP communication to overlap",
-    "stage_layout": "'split' (first/last counts, middle stages even) or 'string': the same first/last with the "
-                    "middle remainder spread over the middle stages as --pipeline-model-parallel-layout (PP > 2, "
-                    "VPP 1, first and last at most their even share: the end stages carry the in-flight "
-                    "activations and the logits; only where the split would move the remainder onto the last "
-                    "stage)",
-}
-"""What each issue-15 knob means and where it is expanded."""
-FIXED_ONLY = {"precision_aware_optimizer", "distributed_optimizer", "overlap_cpu_optimizer",
-              "moe_grouped_gemm", "moe_permute_fusion", "moe_shared_expert_overlap"}
-DEFAULTS = {"tp": 1, "sequence_parallel": False, "pp": 1, "first_offset": 0, "last_offset": 0, "vpp": 1, "cp": 1,
-            "recompute": "none", "recompute_method": "block", "recompute_layers": 1, "optimizer_cpu_offload": False,
-            "tokens_per_microbatch_rows": 1, "precision_aware_optimizer": True, "distributed_optimizer": True,
-            "overlap_cpu_optimizer": True, "offload_fraction": 1.0, "ep": 1, "etp": 1, "dispatcher": "alltoall",
-            "moe_grouped_gemm": True, "moe_permute_fusion": True, "moe_shared_expert_overlap": False,
-            "recompute_modules": "core_attn", "activation_offload": "none", "comm_overlap": False,
-            "stage_layout": "split"}
+# The tables below are generated from the knob registry (attune.spec.knob_registry.KNOBS: each knob declared once)
+# knob -> kind: "choice" (a list of values) or "int" ({low, high}), for the knobs a space may search
+KNOBS = {k.name: k.domain.kind for k in REGISTRY if k.searched}
+KNOB_NOTES = {k.name: k.note for k in REGISTRY if k.note}
+"""What each knob that needs saying means and where it is expanded."""
+FIXED_ONLY = {k.name for k in REGISTRY if not k.searched}
+DEFAULTS = {k.name: k.default for k in REGISTRY}
 # knob-distance features of a layout (see `layout_features`) and their weights: one unit is "one knob step"
-# (a doubling of TP/PP/VPP/CP/rows, a switch, a recompute kind, 4 layers moved between stages)
-FEATURES = ("log2_tp", "sp", "log2_pp", "first_shift", "last_shift", "log2_vpp", "log2_cp", "selective", "full",
-            "recompute_fraction", "uniform", "offload", "log2_tokens", "log2_ep", "log2_etp", "allgather")
+# (a doubling of TP/PP/VPP/CP/rows, a switch, a recompute kind, 4 layers moved between stages); a generic knob's
+# one feature (its declared `feature`) comes after the core knobs' ones
+_FEATURED = tuple(k for k in GENERIC if k.feature is not None)
+FEATURES = tuple(f for k in REGISTRY for f in k.features) + tuple(k.name for k in _FEATURED)
 LAYERS_PER_FEATURE_UNIT = 4.0
 
 
@@ -94,7 +69,8 @@ def layout_features(layout: Layout, num_layers: int) -> np.ndarray:
                      frac, float(rec == "full" and layout.recompute_method == "uniform"),
                      float(layout.optimizer_cpu_offload), math.log2(max(tokens, 1)),
                      # MoE (issue 14): EP / ETP steps and the dispatcher, so EP variants are not near-duplicates
-                     math.log2(layout.ep), math.log2(layout.etp), float(layout.moe_dispatcher == "allgather")])
+                     math.log2(layout.ep), math.log2(layout.etp), float(layout.moe_dispatcher == "allgather"),
+                     *(float(k.feature(layout)) for k in _FEATURED)])
 
 
 
@@ -145,6 +121,11 @@ class SearchSpace:
         out: dict[tuple, tuple[dict, Layout]] = {}
         k_shard, n_shards = shard or (0, 1)
         counter = -1
+        # the searchable generic knobs with their domain here and its first value (a one-value domain never expands)
+        generic = [(k, d, d[:1]) for k in (GENERIC if model.moe else GENERIC_DENSE) if k.searched
+                   for d in (self.domain(k.name),)]
+        generic_names = [k.name for k, _, _ in generic]
+        shared = model.moe is not None and model.moe.shared_ffn > 0
         for tp, pp, cp in itertools.product(self.domain("tp"), self.domain("pp"), self.domain("cp")):
             if world_size % (tp * pp * cp):
                 continue
@@ -200,23 +181,19 @@ class SearchSpace:
                     self.domain("ep"), self.domain("etp"), self.domain("dispatcher"))
                     if (tp * cp * (world_size // (tp * pp * cp))) % (ep * etp) == 0]
                     if model.moe is not None else [(1, 1, self.domain("dispatcher")[0])])
-                dp_comm = world_size // (tp * pp * cp) * cp > 1
+                dp = world_size // (tp * pp * cp)
                 for sp, (rec, rm, rl), off, rows, (ep, etp, dsp) in itertools.product(
                         sps, recs, self.domain("optimizer_cpu_offload"), self.domain("tokens_per_microbatch_rows"), moe):
-                    # issue 15 knobs, expanded only where they can change the layout (KNOB_NOTES)
-                    for mods, act, frac, ovl in itertools.product(
-                            self.domain("recompute_modules") if rec == "selective" else self.domain("recompute_modules")[:1],
-                            self.domain("activation_offload") if rec == "none" else self.domain("activation_offload")[:1],
-                            self.domain("offload_fraction") if off and rec == "none" else self.domain("offload_fraction")[:1],
-                            self.domain("comm_overlap") if (dp_comm or (tp > 1 and sp)) else self.domain("comm_overlap")[:1]):
+                    # the registry's generic knobs, expanded only where they can change the layout (their `applies`)
+                    ctx = KnobContext(tp, bool(sp) and tp > 1, pp, cp, dp, vpp, rec, bool(off), shared, ep, dsp)
+                    for values in itertools.product(*(d if len(d) > 1 and k.applies(ctx) else d1 for k, d, d1 in generic)):
                         counter += 1
                         if counter % n_shards != k_shard:
                             continue
                         params = {"tp": tp, "sequence_parallel": sp, "pp": pp, "first_offset": fo, "last_offset": lo,
                                   "vpp": vpp, "cp": cp, "recompute": rec, "recompute_method": rm, "recompute_layers": rl,
                                   "optimizer_cpu_offload": off, "tokens_per_microbatch_rows": rows, "ep": ep, "etp": etp,
-                                  "dispatcher": dsp, "recompute_modules": mods, "activation_offload": act,
-                                  "offload_fraction": frac, "comm_overlap": ovl, "stage_layout": sl}
+                                  "dispatcher": dsp, **dict(zip(generic_names, values)), "stage_layout": sl}
                         params = {k: v for k, v in params.items() if k in self.knobs}
                         try:
                             lay = self.to_layout(params, model, world_size, workload, engine)
@@ -288,9 +265,9 @@ class SearchSpace:
             recompute_granularity=rec, recompute_method=method, recompute_num_layers=n,
             distributed_optimizer=bool(g("distributed_optimizer")) or engine.forces_distributed_optimizer,
             precision_aware_optimizer=bool(g("precision_aware_optimizer")) or offload,
-            optimizer_cpu_offload=offload, offload_fraction=float(g("offload_fraction")) if offload else 1.0,
-            overlap_cpu_optimizer=bool(g("overlap_cpu_optimizer")) and offload,
-            **self._moe_fields(g, model), **self._knob_fields(g, tp, rec, offload, pipeline_layout),
+            optimizer_cpu_offload=offload, overlap_cpu_optimizer=bool(g("overlap_cpu_optimizer")) and offload,
+            pipeline_layout=pipeline_layout, **self._moe_fields(g, model),
+            **self._generic_fields(g, tp, pp, cp, world_size // mp, vpp, rec, offload, model),
         )
         errs = check(lay, model, world_size, workload, engine)
         if errs:
@@ -298,24 +275,24 @@ class SearchSpace:
         return lay
 
     @staticmethod
-    def _knob_fields(g, tp: int, rec: str, offload: bool, pipeline_layout: str | None) -> dict:
-        """The issue-15 Layout fields of a parameter set (module recompute, activation offload, overlap)."""
-        mods = _modules(g("recompute_modules")) if rec == "selective" else ()
-        overlap = bool(g("comm_overlap"))
-        sp = bool(g("sequence_parallel")) and tp > 1
-        return {"recompute_modules": () if mods == ("core_attn",) else mods,
-                "offload_modules": _modules(g("activation_offload")) if rec != "full" else (),
-                "overlap_grad_reduce": overlap, "overlap_param_gather": overlap,
-                "tp_comm_overlap": overlap and sp, "pipeline_layout": pipeline_layout}
+    def _generic_fields(g, tp: int, pp: int, cp: int, dp: int, vpp: int, rec: str, offload: bool,
+                        model: ModelSpec) -> dict:
+        """The Layout fields of the registry's generic knobs (module recompute, activation offload, overlap, ...)."""
+        moe = model.moe
+        ctx = KnobContext(tp, bool(g("sequence_parallel")) and tp > 1, pp, cp, dp, vpp, rec, offload,
+                          moe is not None and moe.shared_ffn > 0, int(g("ep")) if moe else 1,
+                          g("dispatcher") if moe else None)
+        out: dict = {}
+        for k in GENERIC if moe else GENERIC_DENSE:
+            out.update(k.to_fields(g(k.name), ctx))
+        return out
 
     @staticmethod
     def _moe_fields(g, model: ModelSpec) -> dict:
-        """The MoE Layout fields of a parameter set (none for a dense model: EP and ETP stay 1)."""
+        """The expert parallel sizes and dispatcher of a parameter set (none for a dense model: EP and ETP stay 1)."""
         if model.moe is None:
             return {}
-        return {"ep": int(g("ep")), "etp": int(g("etp")), "moe_dispatcher": g("dispatcher"),
-                "moe_grouped_gemm": bool(g("moe_grouped_gemm")), "moe_permute_fusion": bool(g("moe_permute_fusion")),
-                "moe_shared_expert_overlap": bool(g("moe_shared_expert_overlap")) and model.moe.shared_ffn > 0}
+        return {"ep": int(g("ep")), "etp": int(g("etp")), "moe_dispatcher": g("dispatcher")}
 
     def params_for(self, layout: Layout, model: ModelSpec, workload: Workload) -> dict | None:
         """The parameters that map to `layout`, or None when this space cannot express it."""
@@ -338,11 +315,8 @@ class SearchSpace:
             return None  # a layout string the 'string' knob does not generate
         if layout.account_for_embedding or layout.account_for_loss:
             return None
-        want["recompute_modules"] = "+".join(layout.effective_recompute_modules) or DEFAULTS["recompute_modules"]
-        want["activation_offload"] = "+".join(layout.offload_modules) or "none"
-        want["offload_fraction"] = layout.offload_fraction if layout.optimizer_cpu_offload else self.domain(
-            "offload_fraction")[0]
-        want["comm_overlap"] = bool(layout.overlap_grad_reduce)
+        for k in _READ_BACK:
+            want[k.name] = k.from_layout(layout, self.domain(k.name)[0])
         if layout.recompute_granularity == "full":
             want["recompute_method"] = layout.recompute_method
             want["recompute_layers"] = layout.recompute_num_layers
@@ -374,18 +348,17 @@ class SearchSpace:
             elif k in self.fixed and self.fixed[k] != v and not (k in ("recompute_method", "recompute_layers")
                                                                  and layout.recompute_granularity != "full"):
                 return None
-            elif k in _ISSUE15_KNOBS and k not in self.fixed and v != self.domain(k)[0] and not (
-                    k == "offload_fraction" and not layout.optimizer_cpu_offload):
+            elif k in _DEFAULT_ONLY and k not in self.fixed and v != self.domain(k)[0] and not (
+                    k in _READ_BACK_NAMES and _READ_BACK_NAMES[k].off_domain_ok(layout)):
                 return None  # a knob this space does not search, away from its default
         return params
 
 
-_ISSUE15_KNOBS = ("recompute_modules", "activation_offload", "offload_fraction", "comm_overlap", "stage_layout")
-
-
-def _modules(value: str) -> tuple[str, ...]:
-    """A '+'-joined module list knob value as a tuple ('none': ())."""
-    return () if value in ("none", "") else tuple(str(value).split("+"))
+# generic knobs a layout reads back as a value, and the knobs a space that neither searches nor fixes them expresses
+# only at their default
+_READ_BACK = tuple(k for k in GENERIC if k.from_layout is not None)
+_READ_BACK_NAMES = {k.name: k for k in _READ_BACK}
+_DEFAULT_ONLY = frozenset(_READ_BACK_NAMES) | {"stage_layout"}
 
 
 def _string_counts(L: int, pp: int, first: int, last: int) -> list[int] | None:

@@ -14,9 +14,9 @@ import math
 from typing import Annotated, Any, Literal, Optional
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr, \
-    model_validator
+    create_model, model_validator
 
-from attune.spec.knobs import OFFLOAD_MODULES, RECOMPUTE_MODULES
+from attune.spec.knob_registry import KNOBS, IntSpan, Knob, Modules, knob as knob_decl
 
 __all__ = ["SpaceFile", "Knobs", "Fixed", "IntRange", "MAX_INT_RANGE", "MAX_CHOICES", "MAX_SPACE_SIZE",
            "MODULE_LIST_VALUES"]
@@ -28,17 +28,17 @@ MAX_INT_RANGE = 1024
 MAX_CHOICES = 256
 MAX_SPACE_SIZE = 10 ** 10
 # '+'-joined module lists: each part must be one of these (attune.spec.knobs)
-MODULE_LIST_VALUES = {"recompute_modules": RECOMPUTE_MODULES, "activation_offload": OFFLOAD_MODULES}
+MODULE_LIST_VALUES = {k.name: k.domain.names for k in KNOBS if isinstance(k.domain, Modules)}
 
 
 def _module_list(knob: str):
-    names = MODULE_LIST_VALUES[knob]
+    names, none = MODULE_LIST_VALUES[knob], knob_decl(knob).domain.none
 
     def check(x: str) -> str:
-        parts = [] if x == "none" and knob == "activation_offload" else x.split("+")
-        if any(m not in names for m in parts) or not parts and knob == "recompute_modules":
+        parts = [] if x == "none" and none else x.split("+")
+        if any(m not in names for m in parts) or not parts and not none:
             raise ValueError(f"{x!r} not allowed; allowed: '+'-joined names of {', '.join(names)}"
-                             f"{' or none' if knob == 'activation_offload' else ''}")
+                             f"{' or none' if none else ''}")
         return x
     return check
 
@@ -50,12 +50,6 @@ def _fraction(x: float) -> float:
 
 
 PosInt = Annotated[StrictInt, Field(ge=1)]
-Recompute = Literal["none", "selective", "full"]
-RecomputeMethod = Literal["block", "uniform"]
-Dispatcher = Literal["alltoall", "allgather", "flex"]
-StageLayout = Literal["split", "string"]
-RecomputeModules = Annotated[StrictStr, AfterValidator(_module_list("recompute_modules"))]
-ActivationOffload = Annotated[StrictStr, AfterValidator(_module_list("activation_offload"))]
 Fraction = Annotated[float, Field(strict=True), AfterValidator(_fraction)]
 
 
@@ -83,63 +77,29 @@ class IntRange(BaseModel):
         return self.high - self.low + 1
 
 
+def _element(k: Knob) -> Any:
+    """The pydantic type of one value of knob ``k`` (its registry domain)."""
+    d = k.domain
+    if isinstance(d, Modules):
+        return Annotated[StrictStr, AfterValidator(_module_list(k.name))]
+    if isinstance(d, IntSpan):
+        return StrictInt
+    if d.values is not None:
+        return Literal[d.values]
+    return {"posint": PosInt, "bool": StrictBool, "fraction": Fraction}[d.of]
+
+
+# Both models are generated from the knob registry (attune.spec.knob_registry.KNOBS), in its order.
 # A field left out of the file keeps its default None (not validated); a `null` written in the file is refused.
-class Knobs(BaseModel):
-    """``knobs:``, each the domain Optuna samples (attune.search.space.KNOBS names the same knobs)."""
-
-    model_config = ConfigDict(extra="forbid", title="knob")
-    tp: Choices(PosInt) = None
-    sequence_parallel: Choices(StrictBool) = None
-    pp: Choices(PosInt) = None
-    first_offset: IntRange = None
-    last_offset: IntRange = None
-    vpp: Choices(PosInt) = None
-    cp: Choices(PosInt) = None
-    recompute: Choices(Recompute) = None
-    recompute_method: Choices(RecomputeMethod) = None
-    recompute_layers: IntRange = None
-    optimizer_cpu_offload: Choices(StrictBool) = None
-    tokens_per_microbatch_rows: Choices(PosInt) = None
-    ep: Choices(PosInt) = None
-    etp: Choices(PosInt) = None
-    dispatcher: Choices(Dispatcher) = None
-    recompute_modules: Choices(RecomputeModules) = None
-    offload_fraction: Choices(Fraction) = None
-    activation_offload: Choices(ActivationOffload) = None
-    comm_overlap: Choices(StrictBool) = None
-    stage_layout: Choices(StageLayout) = None
-
-
-class Fixed(BaseModel):
-    """``fixed:``, one value per knob or fixed-only setting."""
-
-    model_config = ConfigDict(extra="forbid", title="setting")
-    tp: PosInt = None
-    sequence_parallel: StrictBool = None
-    pp: PosInt = None
-    first_offset: StrictInt = None
-    last_offset: StrictInt = None
-    vpp: PosInt = None
-    cp: PosInt = None
-    recompute: Recompute = None
-    recompute_method: RecomputeMethod = None
-    recompute_layers: StrictInt = None
-    optimizer_cpu_offload: StrictBool = None
-    tokens_per_microbatch_rows: PosInt = None
-    ep: PosInt = None
-    etp: PosInt = None
-    dispatcher: Dispatcher = None
-    recompute_modules: RecomputeModules = None
-    offload_fraction: Fraction = None
-    activation_offload: ActivationOffload = None
-    comm_overlap: StrictBool = None
-    stage_layout: StageLayout = None
-    precision_aware_optimizer: StrictBool = None
-    distributed_optimizer: StrictBool = None
-    overlap_cpu_optimizer: StrictBool = None
-    moe_grouped_gemm: StrictBool = None
-    moe_permute_fusion: StrictBool = None
-    moe_shared_expert_overlap: StrictBool = None
+Knobs = create_model(
+    "Knobs", __config__=ConfigDict(extra="forbid", title="knob"),
+    __doc__="``knobs:``, each the domain Optuna samples (attune.search.space.KNOBS names the same knobs).",
+    **{k.name: (IntRange if isinstance(k.domain, IntSpan) else Choices(_element(k)), None)
+       for k in KNOBS if k.searched})
+Fixed = create_model(
+    "Fixed", __config__=ConfigDict(extra="forbid", title="setting"),
+    __doc__="``fixed:``, one value per knob or fixed-only setting.",
+    **{k.name: (_element(k), None) for k in KNOBS})
 
 
 def _empty_is_none(v: Any) -> Any:

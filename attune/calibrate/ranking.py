@@ -2,7 +2,7 @@
 
 A tuner is judged on the order it puts one model's layouts in on one cluster, not on a correlation across models:
 ``sweeps`` groups the throughput rows of each series by model, GPU and precision and scores every group whose
-layouts differ (``report._layout_key``: weak scaling's DP alone is not a different layout) with the Spearman rank
+layouts differ (``report._series_point``: weak scaling's DP alone is not a different layout) with the Spearman rank
 correlation of predicted against measured tokens/s/GPU and whether the predicted fastest layout is the measured
 fastest. ``leave_one_series_out`` refits the dense coefficients without each bf16 dense series in turn
 (``fit.leave_one_series_out``) and predicts that series: the error on rows the fit never saw.
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from attune.calibrate.fit import CoefficientSet, is_moe_row, leave_one_series_out
-from attune.calibrate.report import MIN_RANK_ROWS, Prediction, _layout_key, _spearman, score
+from attune.calibrate.report import MIN_RANK_ROWS, Prediction, _series_point, _spearman, score
 from attune.calibrate.rows import Corpus
 
 
@@ -54,7 +54,7 @@ def sweeps(preds: Sequence[Prediction]) -> list[SweepScore]:
         groups.setdefault(key, []).append(p)
     out = []
     for (series, model, gpu, prec), ps in groups.items():
-        layouts = len({_layout_key(p.row) for p in ps})
+        layouts = len({_series_point(p.row) for p in ps})
         if len(ps) < MIN_RANK_ROWS or layouts < 2:
             continue
         meas = [p.row.tokens_per_s_per_gpu for p in ps]

@@ -8,7 +8,7 @@ from .coefficients import Coefficients, coefficients_for
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
-from attune.spec.placement import place
+from attune.estimator.reuse import placement as shared_placement
 from attune.errors import LayoutError
 from attune.spec.precision import hardware_refusal
 from attune.spec.rules import validate
@@ -73,7 +73,7 @@ def estimate(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workl
         refused = hardware_refusal(layout, cluster.gpu.generation, cluster.gpu.is_cpu)
         if refused:
             raise LayoutError(refused)
-    placement = place(model, layout, workload, engine)
+    placement = shared_placement(model, layout, workload, engine)
     return Estimate(model, cluster, layout, workload, engine,
                     estimate_memory(model, cluster, layout, workload, engine, coef, placement),
                     estimate_performance(model, cluster, layout, workload, engine, coef, placement))

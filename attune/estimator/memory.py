@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 from .coefficients import Coefficients, coefficients_for
 from attune.estimator.costs import BF16, FP32, Shape, layer_costs, mtp_logits_bytes, mtp_saved
@@ -250,11 +249,24 @@ def communicators(layout: Layout, stage: int, cluster: Cluster) -> list[tuple[st
 
 def fixed_overheads(layout: Layout, workload: Workload, engine: Engine, cluster: Cluster, stage: int,
                     model: ModelSpec, coef: Coefficients) -> dict[str, float]:
-    """The named terms that do not scale with the allocated peak, GiB (fragmentation is added by the caller)."""
-    return dict(_fixed_overheads(layout, workload, engine, cluster, stage, model, coef))
+    """The named terms that do not scale with the allocated peak, GiB (fragmentation is added by the caller).
+    Shared between layouts with the same OVERHEAD_FIELDS (a search asks for the same few thousand times)."""
+    key = (id(model), id(engine), id(cluster), id(coef), workload.seq_length, stage == 0, stage == layout.pp - 1,
+           *(getattr(layout, f) for f in OVERHEAD_FIELDS))
+    hit = _OVERHEADS.get(key)
+    if hit is None or not (hit[0] is model and hit[1] is engine and hit[2] is cluster and hit[3] is coef):
+        if len(_OVERHEADS) >= 65536:
+            _OVERHEADS.clear()
+        hit = _OVERHEADS[key] = (model, engine, cluster, coef,
+                                 _fixed_overheads(layout, workload, engine, cluster, stage, model, coef))
+    return dict(hit[4])
 
 
-@lru_cache(maxsize=65536)
+OVERHEAD_FIELDS = ("tp", "cp", "dp", "pp", "ep", "etp", "moe_dispatcher", "sp", "tp_comm_overlap", "micro_batch_size")
+"""Every Layout field ``_fixed_overheads`` reads (with ``communicators``); the stage enters only as first / last."""
+_OVERHEADS: dict[tuple, tuple] = {}
+
+
 def _fixed_overheads(layout: Layout, workload: Workload, engine: Engine, cluster: Cluster, stage: int,
                      model: ModelSpec, coef: Coefficients) -> dict[str, float]:
     if cluster.gpu.is_cpu:

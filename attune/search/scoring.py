@@ -33,7 +33,7 @@ from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec
-from attune.spec.placement import place
+from attune.estimator.reuse import placement as shared_placement
 from attune.search.space import SearchSpace, layout_features, layout_key, params_key
 
 # layouts whose predicted throughput is below this fraction of the best predicted fit are left out of the
@@ -134,17 +134,17 @@ def _score_shard(args) -> list:
     space, model, cluster, workload, engine, coef, shard = args
     rows = []
     limit = cluster.gpu.capacity_gib * (1.0 + MEMORY_SCORING_MARGIN)
-    for order, params, lay in space.enumerate(model, cluster.world_size, workload, engine, shard=shard):
-        placement = place(model, lay, workload, engine)
+    for order, params, lay, key in space.enumerate(model, cluster.world_size, workload, engine, shard=shard):
+        placement = shared_placement(model, lay, workload, engine)
         mem = estimate_memory(model, cluster, lay, workload, engine, coef, placement)
         stages = tuple(s.total_gib for s in mem.stages)
         if mem.peak_gib > limit or not mem.host_fits:
-            rows.append((order, params, lay, math.nan, math.nan, stages, mem.peak_gib, mem.host_fits))
+            rows.append((order, params, lay, math.nan, math.nan, stages, mem.peak_gib, mem.host_fits, key))
             continue
         # what `estimate` does, without placing and estimating the memory a second time
         perf = estimate_performance(model, cluster, lay, workload, engine, coef, placement)
         rows.append((order, params, lay, perf.tokens_per_s_per_gpu, perf.step_time_s, stages,
-                     mem.peak_gib, mem.host_fits))
+                     mem.peak_gib, mem.host_fits, key))
     return rows
 
 
@@ -170,12 +170,13 @@ def score_space(space: SearchSpace, model: ModelSpec, cluster: Cluster, workload
         jobs = [(space, model, cluster, workload, engine, coef, (k, n)) for k in range(n)]
         with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
             shards = list(pool.map(_score_shard, jobs))
-    merged, seen = [], set()
+    merged, index = [], {}
     for r in sorted((r for s in shards for r in s), key=lambda r: r[0]):
-        k = layout_key(r[2], model.num_layers)
-        if k not in seen:
-            seen.add(k)
+        if r[8] not in index:  # the layout_key the enumeration computed
+            index[r[8]] = len(merged)
             merged.append(r)
+    for i, r in enumerate(merged):
+        index.setdefault(params_key(r[1]), i)
     if not merged:
         raise SearchSpaceError(f"search space {space.name}: no layout of it passes the rules for {model.name} on "
                                f"{cluster.spec} (check the parallel sizes against the model's layers and GPUs)")
@@ -186,7 +187,7 @@ def score_space(space: SearchSpace, model: ModelSpec, cluster: Cluster, workload
         stage_gib=[r[5] for r in merged], peak_gib=np.array([r[6] for r in merged], dtype=float),
         host_fits=np.array([r[7] for r in merged], dtype=bool),
         features=np.array([layout_features(r[2], L) for r in merged]).reshape(len(merged), -1),
-        coefficients=coef, context=(model, cluster, workload, engine))
+        coefficients=coef, context=(model, cluster, workload, engine), index=index)
     while len(_CACHE) >= CACHE_SIZE:
         _CACHE.pop(next(iter(_CACHE)))
     _CACHE[key] = table

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import optuna
@@ -144,8 +145,8 @@ class SearchSpace:
         order), deduplicated by `layout_key`. Knobs that cannot change the layout are not expanded: splits at
         PP 1, the last offset at PP 2, recompute method and layers without full recompute, uniform groups,
         block layers past a chunk's layers, SP at TP 1. Returns (params, layout) pairs in knob order; with
-        `shard=(k, n)` only every n-th candidate from the k-th, as (order, params, layout) triples (parallel
-        scoring merges the shards by order and deduplicates again)."""
+        `shard=(k, n)` only every n-th candidate from the k-th, as (order, params, layout, layout_key) tuples
+        (parallel scoring merges the shards by order and deduplicates again by the key)."""
         L = model.num_layers
         near0 = lambda k: min(self.domain(k), key=abs)  # noqa: E731
         fixed_rl, fixed_rm = near0("recompute_layers"), self.domain("recompute_method")[0]
@@ -232,7 +233,7 @@ class SearchSpace:
                         out.setdefault(layout_key(lay, L), (counter, params, lay))
         if shard is None:
             return [(p, lay) for _, p, lay in sorted(out.values(), key=lambda x: x[0])]
-        return list(out.values())
+        return [(o, p, lay, key) for key, (o, p, lay) in out.items()]
 
     def value(self, params: dict, key: str):
         if key in params:
@@ -271,9 +272,7 @@ class SearchSpace:
         offload = bool(g("optimizer_cpu_offload"))
         rec = g("recompute")
         method = n = None
-        probe = Layout(tp=tp, pp=pp, cp=cp, dp=world_size // mp, vpp=vpp, first=first, last=last,
-                       pipeline_layout=pipeline_layout)
-        counts = stage_layer_counts(probe, L)
+        counts = stage_layer_counts(_Split(pp, vpp, first, last, pipeline_layout), L)
         if any(c % vpp for c in counts):
             raise LayoutError(f"VPP {vpp} must divide every stage's layers ({'/'.join(map(str, counts))})")
         if rec == "full":
@@ -385,6 +384,19 @@ class SearchSpace:
                     k == "offload_fraction" and not layout.optimizer_cpu_offload):
                 return None  # a knob this space does not search, away from its default
         return params
+
+
+class _Split(NamedTuple):
+    """The Layout fields `stage_layer_counts` reads: the layer split of a parameter set without building (and
+    validating) a whole Layout for it."""
+
+    pp: int
+    vpp: int
+    first: int | None
+    last: int | None
+    pipeline_layout: str | None
+    account_for_embedding: bool = False
+    account_for_loss: bool = False
 
 
 _ISSUE15_KNOBS = ("recompute_modules", "activation_offload", "offload_fraction", "comm_overlap", "stage_layout")

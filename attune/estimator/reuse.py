@@ -1,4 +1,5 @@
-"""What many layouts of one search share, derived once: the placement.
+"""What many layouts of one search share, derived once: the placement, and the parts of an estimate that do not
+read the optimizer.
 
 A search estimates tens of thousands of layouts of one (model, workload, engine). Their placements (stages,
 chunks, batching, in-flight microbatches; ``attune.spec.placement.place``) depend on a handful of Layout fields
@@ -9,6 +10,10 @@ equals a fresh one over a whole enumerated space.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from operator import attrgetter
+from typing import Callable
 
 from attune.spec.engine import Engine
 from attune.spec.layout import Layout, Workload
@@ -39,3 +44,34 @@ def placement(model: ModelSpec, layout: Layout, workload: Workload, engine: Engi
         _PLACEMENTS.clear()
     _PLACEMENTS[key] = (model, pl)
     return pl
+
+
+OPTIMIZER_FIELDS = ("optimizer_cpu_offload", "offload_fraction", "overlap_cpu_optimizer", "overlap_grad_reduce",
+                    "overlap_param_gather", "distributed_optimizer", "precision_aware_optimizer")
+"""Layout fields only the optimizer and DP-communication terms read (the tail of ``estimate_performance``, the
+optimizer bytes of ``estimate_memory``): a search's offload variants share the per-stage pipeline and activation
+terms. The per-stage helpers that ``shared`` memoises must not read them (tests/test_one_value.py and
+benchmarks/estimate_equivalence.py check the results against fresh estimates)."""
+# shared results kept (a dense space has tens of thousands of distinct ones per kind)
+SHARED_SIZE = 65536
+
+_SHARED: dict[tuple, tuple] = {}
+_GETTERS: dict[tuple, attrgetter] = {}
+
+
+def shared(name: str, fn: Callable, args: tuple, layout: Layout, excluded: tuple[str, ...]):
+    """``fn(*args)``, shared between calls whose other arguments are the same objects and whose ``layout`` agrees on
+    every field but ``excluded``. The objects are held with the result, so an id reused after eviction misses."""
+    get = _GETTERS.get(excluded)
+    if get is None:
+        get = _GETTERS[excluded] = attrgetter(*(f.name for f in dataclasses.fields(Layout) if f.name not in excluded))
+    held = tuple(a for a in args if a is not layout)
+    key = (name, *map(id, held), get(layout))
+    hit = _SHARED.get(key)
+    if hit is not None and all(x is y for x, y in zip(hit[0], held)):
+        return hit[1]
+    out = fn(*args)
+    if len(_SHARED) >= SHARED_SIZE:
+        _SHARED.clear()
+    _SHARED[key] = (held, out)
+    return out

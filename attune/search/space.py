@@ -188,11 +188,12 @@ class SearchSpace:
                     if sl == "string":
                         counts = _string_counts(L, pp, probe_first, L // pp + lo)
                     else:
-                        probe = Layout(tp=tp, pp=pp, cp=cp, dp=world_size // (tp * pp * cp), vpp=vpp, first=probe_first,
-                                       last=None if pp == 1 else (L - probe_first if pp == 2 else L // pp + lo))
-                        counts = stage_layer_counts(probe, L)
+                        counts = stage_layer_counts(_Split(pp, vpp, probe_first, None if pp == 1 else (
+                            L - probe_first if pp == 2 else L // pp + lo), None), L)
                 except (LayoutError, ValueError):
                     counts = None
+                if counts is not None and any(c % vpp for c in counts):
+                    continue  # to_layout refuses every candidate of this split: VPP must divide each stage's layers
                 recs = []
                 for rec in self.domain("recompute"):
                     if rec != "full":
@@ -242,7 +243,8 @@ class SearchSpace:
 
     def to_layout(self, params: dict, model: ModelSpec, world_size: int, workload: Workload, engine: Engine) -> Layout:
         """The layout for a parameter set; LayoutError names the rule it breaks."""
-        g = lambda k: self.value(params, k)  # noqa: E731
+        vals = {**DEFAULTS, **self.fixed, **params}  # what `value` reads, merged once for this parameter set
+        g = vals.__getitem__
         tp, pp, cp, vpp = int(g("tp")), int(g("pp")), int(g("cp")), int(g("vpp"))
         mp = tp * pp * cp
         if world_size % mp:

@@ -75,3 +75,9 @@ def shared(name: str, fn: Callable, args: tuple, layout: Layout, excluded: tuple
         _SHARED.clear()
     _SHARED[key] = (held, out)
     return out
+
+
+def clear() -> None:
+    """Forget every shared placement and term (tests compare shared results with fresh ones)."""
+    _PLACEMENTS.clear()
+    _SHARED.clear()

@@ -207,8 +207,8 @@ layouts sharing a (model, engine, shape), so each layer kind is timed once per s
 def _pipeline(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workload, engine: Engine,
               coef: Coefficients, pl: Placement) -> tuple:
     """The pipeline part of the step: (per-stage StageTime list, critical stage, pipeline seconds, bubble seconds,
-    layer costs, routed-expert times, low-precision plan, parameters per stage on one GPU). Reads no optimizer / DP-overlap field of the layout
-    (``reuse.OPTIMIZER_FIELDS``), so layouts differing only there share it."""
+    layer costs, routed-expert times, low-precision plan, parameters per stage on one GPU). Reads no optimizer /
+    DP-overlap field of the layout (``reuse.OPTIMIZER_FIELDS``), so layouts differing only there share it."""
     gpu = cluster.gpu
     peak = gpu.bf16_tflops * 1e12
     hbm = gpu.hbm_gbps * 1e9
@@ -410,4 +410,4 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
                         **({"ep": m * cp_["ep_comm"]} if moe_t else {}),
                         **({"act_offload": m * cp_["act_offload"]} if layout.offload_modules else {}), "dp": dp_s},
         bubble_s=bubble, optimizer_s=optimizer_s, overhead_s=overhead)
-    return PerfEstimate(step, tps, mfu, usd, pipeline, bubble, dp_s, optimizer_s, overhead, stages, breakdown)
+    return PerfEstimate(step, tps, mfu, usd, pipeline, bubble, dp_s, optimizer_s, overhead, list(stages), breakdown)

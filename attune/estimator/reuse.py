@@ -52,8 +52,9 @@ OPTIMIZER_FIELDS = ("optimizer_cpu_offload", "offload_fraction", "overlap_cpu_op
 optimizer bytes of ``estimate_memory``): a search's offload variants share the per-stage pipeline and activation
 terms. The per-stage helpers that ``shared`` memoises must not read them (tests/test_one_value.py and
 benchmarks/estimate_equivalence.py check the results against fresh estimates)."""
-# shared results kept (a dense space has tens of thousands of distinct ones per kind)
-SHARED_SIZE = 65536
+# shared results kept: the enumeration puts a layout's optimizer variants next to each other, so a few thousand
+# suffice, and a bound keeps a 300,000-layout search's workers small (an entry holds the per-stage terms)
+SHARED_SIZE = 4096
 
 _SHARED: dict[tuple, tuple] = {}
 _GETTERS: dict[tuple, attrgetter] = {}

@@ -145,8 +145,8 @@ class SearchSpace:
         order), deduplicated by `layout_key`. Knobs that cannot change the layout are not expanded: splits at
         PP 1, the last offset at PP 2, recompute method and layers without full recompute, uniform groups,
         block layers past a chunk's layers, SP at TP 1. Returns (params, layout) pairs in knob order; with
-        `shard=(k, n)` only every n-th candidate from the k-th, as (order, params, layout, layout_key) tuples
-        (parallel scoring merges the shards by order and deduplicates again by the key)."""
+        `shard=(k, n)` only every n-th block of SHARD_BLOCK candidates from the k-th, as (order, params, layout,
+        layout_key) tuples (parallel scoring merges the shards by order and deduplicates again by the key)."""
         L = model.num_layers
         near0 = lambda k: min(self.domain(k), key=abs)  # noqa: E731
         fixed_rl, fixed_rm = near0("recompute_layers"), self.domain("recompute_method")[0]
@@ -219,7 +219,7 @@ class SearchSpace:
                             self.domain("offload_fraction") if off and rec == "none" else self.domain("offload_fraction")[:1],
                             self.domain("comm_overlap") if (dp_comm or (tp > 1 and sp)) else self.domain("comm_overlap")[:1]):
                         counter += 1
-                        if counter % n_shards != k_shard:
+                        if (counter // SHARD_BLOCK) % n_shards != k_shard:
                             continue
                         params = {"tp": tp, "sequence_parallel": sp, "pp": pp, "first_offset": fo, "last_offset": lo,
                                   "vpp": vpp, "cp": cp, "recompute": rec, "recompute_method": rm, "recompute_layers": rl,
@@ -386,6 +386,11 @@ class SearchSpace:
                     k == "offload_fraction" and not layout.optimizer_cpu_offload):
                 return None  # a knob this space does not search, away from its default
         return params
+
+
+# candidates per shard block: a layout's optimizer variants are adjacent candidates and share their per-stage
+# terms (attune.estimator.reuse) when one worker estimates them
+SHARD_BLOCK = 64
 
 
 class _Split(NamedTuple):

@@ -3,14 +3,21 @@ prints is the one --explain sums."""
 
 import json
 import re
+from dataclasses import asdict
+
+import numpy as np
 
 from attune.api.target import batch_for_cluster
 from attune.api.tune import tune_config
 from attune.cli import main
-from attune.estimator import estimate
+from attune.estimator import estimate, memory, reuse
+from attune.estimator.coefficients import coefficients_for
 from attune.estimator.memory import estimate_memory
 from attune.estimator.performance import estimate_performance
+from attune.search.scoring import score_space
+from attune.search.space import SearchSpace, layout_key, load_space
 from attune.spec.layout import Workload
+from attune.spec.model import load_model
 
 
 def test_public_paths_agree(qwen, h200x8, slime, seed_cases, seed_workload):
@@ -54,3 +61,41 @@ def test_default_batch_grows_with_the_cluster():
     cfg = tune_config(model="DeepSeek-V3", gpus="256xH200")  # exited 2 before: 128 rows over DP 256
     assert cfg.workload.global_batch == 256 and cfg.workload_note
     assert tune_config(model="DeepSeek-V3", gpus="256xH200", global_batch=512).workload.global_batch == 512
+
+
+def _tiny_moe_space():
+    """The dense space's knobs with communication overlap and EP on a tiny hybrid MoE model: offload and overlap
+    variants of one layout share terms (attune.estimator.reuse), so a key missing a field shows here."""
+    base = load_space(None)
+    knobs = dict(base.knobs, comm_overlap=(False, True), ep=(1, 2), dispatcher=("alltoall", "allgather"),
+                 first_offset=(-1, 1), last_offset=(-1, 1), recompute_layers=(1, 2))
+    return SearchSpace(name="shared", path="", knobs=knobs, fixed=dict(base.fixed))
+
+
+def test_shared_terms_equal_fresh_estimates(h200x8, slime):
+    m, wl = load_model("tiny-qwen3.5-moe"), Workload(seq_length=1024, global_batch=16)
+    pairs = _tiny_moe_space().enumerate(m, 8, wl, slime)
+    assert len(pairs) > 500
+    rng = np.random.default_rng(0)
+    pick = set(rng.choice(len(pairs), 100, replace=False).tolist())
+    warm = {i: estimate(m, h200x8, lay, wl, slime, check_layout=False) for i, (_, lay) in enumerate(pairs)}
+    for i in sorted(pick):
+        reuse.clear()
+        memory._OVERHEADS.clear()
+        fresh = estimate(m, h200x8, pairs[i][1], wl, slime, check_layout=False)
+        assert asdict(fresh.memory) == asdict(warm[i].memory), pairs[i][1].label()
+        assert asdict(fresh.perf) == asdict(warm[i].perf), pairs[i][1].label()
+
+
+def test_scored_table_is_estimate(h200x8, slime):
+    m, wl = load_model("tiny-qwen3.5-moe"), Workload(seq_length=1024, global_batch=16)
+    space = _tiny_moe_space()
+    table = score_space(space, m, h200x8, wl, slime, coefficients_for(h200x8.gpu), workers=1)
+    assert len(table) == len(space.enumerate(m, 8, wl, slime))
+    for i in np.random.default_rng(1).choice(len(table), 60, replace=False):
+        e = estimate(m, h200x8, table.layouts[i], wl, slime, check_layout=False)
+        assert table.peak_gib[i] == e.memory.peak_gib
+        assert table.stage_gib[i] == tuple(s.total_gib for s in e.memory.stages)
+        if np.isfinite(table.tokens[i]):
+            assert table.tokens[i] == e.perf.tokens_per_s_per_gpu
+        assert table.row(layout_key(table.layouts[i], m.num_layers)) == i

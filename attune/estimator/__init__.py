@@ -8,7 +8,7 @@ from .coefficients import Coefficients, coefficients_for
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
-from attune.spec.placement import place
+from attune.estimator.reuse import placement as shared_placement
 from attune.errors import LayoutError
 from attune.spec.precision import hardware_refusal
 from attune.spec.rules import validate
@@ -73,7 +73,17 @@ def estimate(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workl
         refused = hardware_refusal(layout, cluster.gpu.generation, cluster.gpu.is_cpu)
         if refused:
             raise LayoutError(refused)
-    placement = place(model, layout, workload, engine)
-    return Estimate(model, cluster, layout, workload, engine,
-                    estimate_memory(model, cluster, layout, workload, engine, coef, placement),
-                    estimate_performance(model, cluster, layout, workload, engine, coef, placement))
+    mem, perf = estimate_parts(model, cluster, layout, workload, engine, coef)
+    return Estimate(model, cluster, layout, workload, engine, mem, perf)
+
+
+def estimate_parts(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workload, engine: Engine,
+                   coef: Coefficients, perf_below_gib: float | None = None) -> tuple[MemoryEstimate, PerfEstimate | None]:
+    """The one composition of an estimate (no checks): the placement derived once and handed to the memory and
+    performance models. With ``perf_below_gib`` (the search's memory-first scoring), no performance (None) for
+    a layout whose peak exceeds it or whose host memory does not fit."""
+    placement = shared_placement(model, layout, workload, engine)
+    mem = estimate_memory(model, cluster, layout, workload, engine, coef, placement)
+    if perf_below_gib is not None and (mem.peak_gib > perf_below_gib or not mem.host_fits):
+        return mem, None
+    return mem, estimate_performance(model, cluster, layout, workload, engine, coef, placement)

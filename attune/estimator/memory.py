@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
+from operator import attrgetter
 
 from .coefficients import Coefficients, coefficients_for
 from attune.estimator.costs import BF16, FP32, Shape, layer_costs, mtp_logits_bytes, mtp_saved
@@ -25,7 +25,9 @@ from attune.estimator import moe as moe_terms
 from attune.estimator import precision as lp_terms
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster, GiB
-from attune.spec.placement import Batching, Placement, mtp_kind, place, stage_params
+from attune.spec.placement import Batching, Placement, mtp_kind, stage_params
+from attune.estimator import reuse
+from attune.estimator.reuse import placement as shared_placement
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import FULL, LINEAR, ModelSpec, is_dense_kind
 
@@ -250,11 +252,25 @@ def communicators(layout: Layout, stage: int, cluster: Cluster) -> list[tuple[st
 
 def fixed_overheads(layout: Layout, workload: Workload, engine: Engine, cluster: Cluster, stage: int,
                     model: ModelSpec, coef: Coefficients) -> dict[str, float]:
-    """The named terms that do not scale with the allocated peak, GiB (fragmentation is added by the caller)."""
-    return dict(_fixed_overheads(layout, workload, engine, cluster, stage, model, coef))
+    """The named terms that do not scale with the allocated peak, GiB (fragmentation is added by the caller).
+    Shared between layouts with the same OVERHEAD_FIELDS (a search asks for the same few thousand times)."""
+    key = (id(model), id(engine), id(cluster), id(coef), workload.seq_length, stage == 0, stage == layout.pp - 1,
+           *_overhead_fields(layout))
+    hit = _OVERHEADS.get(key)
+    if hit is None or not (hit[0] is model and hit[1] is engine and hit[2] is cluster and hit[3] is coef):
+        if len(_OVERHEADS) >= 65536:
+            _OVERHEADS.clear()
+        hit = _OVERHEADS[key] = (model, engine, cluster, coef,
+                                 _fixed_overheads(layout, workload, engine, cluster, stage, model, coef))
+    return dict(hit[4])
 
 
-@lru_cache(maxsize=65536)
+OVERHEAD_FIELDS = ("tp", "cp", "dp", "pp", "ep", "etp", "moe_dispatcher", "sp", "tp_comm_overlap", "micro_batch_size")
+"""Every Layout field ``_fixed_overheads`` reads (with ``communicators``); the stage enters only as first / last."""
+_overhead_fields = attrgetter(*OVERHEAD_FIELDS)
+_OVERHEADS: dict[tuple, tuple] = {}
+
+
 def _fixed_overheads(layout: Layout, workload: Workload, engine: Engine, cluster: Cluster, stage: int,
                      model: ModelSpec, coef: Coefficients) -> dict[str, float]:
     if cluster.gpu.is_cpu:
@@ -304,12 +320,11 @@ def _stored_layers(layout: Layout, st) -> int:
     return 0
 
 
-def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workload, engine: Engine,
-                    coef: Coefficients | None = None, placement: Placement | None = None) -> MemoryEstimate:
-    """Each pipeline stage's peak memory; ``placement`` is derived here when the caller has none. Without
-    ``coef``, the fitted set of the cluster's GPU generation (``coefficients_for``), as ``estimate`` does."""
-    coef = coef if coef is not None else coefficients_for(cluster.gpu)
-    pl = placement or place(model, layout, workload, engine)
+def _stage_bytes(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workload, engine: Engine,
+                 coef: Coefficients, pl: Placement) -> tuple:
+    """(layer costs, per stage (parameters on one GPU, activation bytes at the peak, logits bytes)): the terms
+    that read no optimizer field of the layout (``reuse.OPTIMIZER_FIELDS``), so layouts differing only there share
+    them."""
     b = pl.batch
     shape = Shape(layout.tp, layout.sp, layout.cp, b.tokens_per_gpu, workload.seq_length)
     costs = moe_terms.with_expert_activations(layer_costs(model, engine, shape), model, layout, shape)
@@ -317,39 +332,15 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload
     if lp is not None:
         costs = lp_terms.quantized_costs(costs, layout, engine, cluster.gpu, coef)
     cpu = cluster.gpu.is_cpu
-    # the torch runner keeps fp32 parameters (bf16 autocast on GPU, fp32 on CPU); Megatron/slime keep bf16 ones
-    fp32_training = cpu or engine.attune_trainer
-    bf16_grads = not engine.grad_reduce_in_fp32
-    w_b, g_b, o_b, h_b = optimizer_bytes(layout, fp32_training=fp32_training, grad_reduce_in_bf16=bf16_grads,
-                                         fp16_grads_in_fp32=engine.fp16_grads_in_fp32)
-    copy_b = step_grad_copy_bytes(layout, fp32_training, grad_reduce_in_bf16=bf16_grads,
-                                  fp16_grads_in_fp32=engine.fp16_grads_in_fp32)
-    o_b -= copy_b  # held during forward/backward; the copy is the optimizer step's own peak (below)
-    # MoE: the routed experts' optimizer is sharded over the expert data-parallel group (attune.estimator.moe)
-    ew_b = eg_b = eo_b = eh_b = ecopy_b = 0.0
-    if model.moe is not None:
-        e_lay = moe_terms.expert_layout(layout)
-        ew_b, eg_b, eo_b, eh_b = optimizer_bytes(e_lay, fp32_training=fp32_training, grad_reduce_in_bf16=bf16_grads,
-                                                 fp16_grads_in_fp32=engine.fp16_grads_in_fp32)
-        ecopy_b = step_grad_copy_bytes(e_lay, fp32_training, grad_reduce_in_bf16=bf16_grads,
-                                       fp16_grads_in_fp32=engine.fp16_grads_in_fp32)
-        eo_b -= ecopy_b
-    e_act = moe_terms.expert_activation_bytes(model, layout, shape)
-    if layout.recompute_granularity == "selective" and model.moe is not None:
-        # moe / moe_act recompute: the routed tensors they do not keep leave the breakdown's expert activations
-        moe_kind = next((k for k in costs if not is_dense_kind(k)), None)
-        if moe_kind is not None:
-            e_act -= knob_terms.routed_freed_bytes(costs[moe_kind], moe_kind, layout, model, engine)
     selective = layout.recompute_granularity == "selective"
     act_scale = FP32 / BF16 if cpu else 1.0  # activations are fp32 on CPU workers, bf16 on GPUs
-    frag = 0.0 if cpu else (coef.fragmentation_expandable if engine.expandable_segments else coef.fragmentation)
-    stages: list[StageMemory] = []
     rec_full = layout.recompute_granularity == "full"
     n_rec = layout.recompute_num_layers or 0
     full = costs[FULL]
     # selective recompute of core attention: FlashAttention already keeps no s x s matrix, so it frees nothing
     # but the attention-internal tensors it re-creates (its output and LSE are rebuilt): the saved set stays
     # the same with FlashAttention (reference 2.1), so selective keeps the counts above.
+    out = []
     for st in pl.stages:
         r = st.rank
         stored = 0.0  # activation bytes of one microbatch through all of this rank's chunks
@@ -417,8 +408,6 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload
             mtp_b = st.mtp * (layer_b + sum(x.bytes for x in extra))
             work = max(work, c.bwd_work_bytes)
         params = stage_params(model, layout, r, lambda kind: costs[kind].params_on_gpu, st.ranges)
-        # MoE layers only, not the dense ones; an MTP layer of an MoE kind holds routed experts too
-        ex = moe_terms.stage_expert_params(model, layout, st.moe_layers + st.mtp_moe)
         inflight = st.inflight
         # backward transient: the layer being differentiated (rebuilt if recomputed) plus its gradient working
         # set; on the first stage the embedding's dense bf16 weight gradient (megatron-core
@@ -432,6 +421,54 @@ def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload
             logits = engine.logits_bytes_per_element * b.tokens_per_gpu * model.vocab / layout.tp
             logits += BF16 * b.tokens_per_gpu * model.hidden  # output-layer input
             logits += st.mtp * mtp_logits_bytes(model, shape)  # each MTP layer's loss: a second fp32 logits tensor
+        out.append((params, acts, logits))
+    return costs, out
+
+
+def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workload, engine: Engine,
+                    coef: Coefficients | None = None, placement: Placement | None = None) -> MemoryEstimate:
+    """Each pipeline stage's peak memory; ``placement`` is derived here when the caller has none. Without
+    ``coef``, the fitted set of the cluster's GPU generation (``coefficients_for``), as ``estimate`` does."""
+    coef = coef if coef is not None else coefficients_for(cluster.gpu)
+    pl = placement or shared_placement(model, layout, workload, engine)
+    b = pl.batch
+    shape = Shape(layout.tp, layout.sp, layout.cp, b.tokens_per_gpu, workload.seq_length)
+    costs, per_stage = reuse.shared("stage_bytes", _stage_bytes, (model, cluster, layout, workload, engine, coef, pl),
+                                    layout, reuse.OPTIMIZER_FIELDS)
+    lp = lp_terms.plan(layout, cluster.gpu, coef)  # low-precision GEMMs (issue 22); None for bf16
+    cpu = cluster.gpu.is_cpu
+    # the torch runner keeps fp32 parameters (bf16 autocast on GPU, fp32 on CPU); Megatron/slime keep bf16 ones
+    fp32_training = cpu or engine.attune_trainer
+    bf16_grads = not engine.grad_reduce_in_fp32
+    w_b, g_b, o_b, h_b = optimizer_bytes(layout, fp32_training=fp32_training, grad_reduce_in_bf16=bf16_grads,
+                                         fp16_grads_in_fp32=engine.fp16_grads_in_fp32)
+    copy_b = step_grad_copy_bytes(layout, fp32_training, grad_reduce_in_bf16=bf16_grads,
+                                  fp16_grads_in_fp32=engine.fp16_grads_in_fp32)
+    o_b -= copy_b  # held during forward/backward; the copy is the optimizer step's own peak (below)
+    # MoE: the routed experts' optimizer is sharded over the expert data-parallel group (attune.estimator.moe)
+    ew_b = eg_b = eo_b = eh_b = ecopy_b = 0.0
+    if model.moe is not None:
+        e_lay = moe_terms.expert_layout(layout)
+        ew_b, eg_b, eo_b, eh_b = optimizer_bytes(e_lay, fp32_training=fp32_training, grad_reduce_in_bf16=bf16_grads,
+                                                 fp16_grads_in_fp32=engine.fp16_grads_in_fp32)
+        ecopy_b = step_grad_copy_bytes(e_lay, fp32_training, grad_reduce_in_bf16=bf16_grads,
+                                       fp16_grads_in_fp32=engine.fp16_grads_in_fp32)
+        eo_b -= ecopy_b
+    e_act = moe_terms.expert_activation_bytes(model, layout, shape)
+    if layout.recompute_granularity == "selective" and model.moe is not None:
+        # moe / moe_act recompute: the routed tensors they do not keep leave the breakdown's expert activations
+        moe_kind = next((k for k in costs if not is_dense_kind(k)), None)
+        if moe_kind is not None:
+            e_act -= knob_terms.routed_freed_bytes(costs[moe_kind], moe_kind, layout, model, engine)
+    act_scale = FP32 / BF16 if cpu else 1.0  # activations are fp32 on CPU workers, bf16 on GPUs
+    frag = 0.0 if cpu else (coef.fragmentation_expandable if engine.expandable_segments else coef.fragmentation)
+    stages: list[StageMemory] = []
+    rec_full = layout.recompute_granularity == "full"
+    for st, (params, acts, logits) in zip(pl.stages, per_stage):
+        r = st.rank
+        # MoE layers only, not the dense ones; an MTP layer of an MoE kind holds routed experts too
+        ex = moe_terms.stage_expert_params(model, layout, st.moe_layers + st.mtp_moe)
+        inflight = st.inflight
         over = fixed_overheads(layout, workload, engine, cluster, r, model, coef)
         if lp is not None:  # fp8 weight copies, fp8 params, scaling state (attune.estimator.precision)
             over = {**over, **lp_terms.stage_memory(lp, lp_terms.linear_params(

@@ -24,7 +24,9 @@ from attune.estimator import precision as lp_terms
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
-from attune.spec.placement import Placement, StagePlacement, mtp_kind, place, stage_params
+from attune.spec.placement import Placement, StagePlacement, mtp_kind, stage_params
+from attune.estimator import reuse
+from attune.estimator.reuse import placement as shared_placement
 from attune.spec.model import FULL, LINEAR, ModelSpec, is_dense_kind
 
 # megatron-core DistributedDataParallelConfig.bucket_size default: max(40,000,000, 1,000,000 x DP) parameters
@@ -208,17 +210,14 @@ _TIMES: dict[tuple, tuple[dict, dict]] = {}
 layouts sharing a (model, engine, shape), so each layer kind is timed once per shape and link speed."""
 
 
-def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workload, engine: Engine,
-                         coef: Coefficients | None = None, placement: Placement | None = None) -> PerfEstimate:
-    """Step time, throughput, MFU and cost; ``placement`` is derived here when the caller has none. Without
-    ``coef``, the fitted set of the cluster's GPU generation (``coefficients_for``), as ``estimate`` does."""
+def _pipeline(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workload, engine: Engine,
+              coef: Coefficients, pl: Placement) -> tuple:
+    """The pipeline part of the step: (per-stage StageTime list, critical stage, pipeline seconds, bubble seconds,
+    layer costs, routed-expert times, low-precision plan, parameters per stage on one GPU). Reads no optimizer /
+    DP-overlap field of the layout (``reuse.OPTIMIZER_FIELDS``), so layouts differing only there share it."""
     gpu = cluster.gpu
-    coef = coef if coef is not None else coefficients_for(gpu)
-    if gpu.is_cpu:  # CPU BLAS reaches its peak at far smaller GEMMs than GPU tiles do
-        coef = replace(coef, gemm_half_dim=coef.cpu_gemm_half_dim)
     peak = gpu.bf16_tflops * 1e12 * peak_ratio(gpu, coef)
     hbm = gpu.hbm_gbps * 1e9
-    pl = placement or place(model, layout, workload, engine)
     b = pl.batch
     shape = Shape(layout.tp, layout.sp, layout.cp, b.tokens_per_gpu, workload.seq_length)
     costs = layer_costs(model, engine, shape)
@@ -334,6 +333,26 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
     # the one bubble: the pipeline's fill and drain beyond the critical stage's own work, so that the step is
     # exactly the sum --explain prints (m x the critical stage's parts + bubble + DP + optimizer + overhead)
     bubble = pipeline - m * slowest
+    params = [stage_params(model, layout, st.rank, lambda kind: costs[kind].params_on_gpu, st.ranges)
+              for st in pl.stages]
+    return stages, crit, pipeline, bubble, costs, moe_t, lp, params
+
+
+def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workload, engine: Engine,
+                         coef: Coefficients | None = None, placement: Placement | None = None) -> PerfEstimate:
+    """Step time, throughput, MFU and cost; ``placement`` is derived here when the caller has none. Without
+    ``coef``, the fitted set of the cluster's GPU generation (``coefficients_for``), as ``estimate`` does."""
+    gpu = cluster.gpu
+    coef = coef if coef is not None else coefficients_for(gpu)
+    if gpu.is_cpu:  # CPU BLAS reaches its peak at far smaller GEMMs than GPU tiles do
+        coef = replace(coef, gemm_half_dim=coef.cpu_gemm_half_dim)
+    hbm = gpu.hbm_gbps * 1e9
+    pl = placement or shared_placement(model, layout, workload, engine)
+    b = pl.batch
+    stages, crit, pipeline, bubble, costs, moe_t, lp, params = reuse.shared(
+        "pipeline", _pipeline, (model, cluster, layout, workload, engine, coef, pl), layout,
+        reuse.OPTIMIZER_FIELDS)
+    p, m = layout.pp, b.microbatches
 
     # DP over DP x CP ranks: gradient reduce-scatter in the grad dtype + parameter all-gather in bf16 with the
     # distributed optimizer, else an all-reduce of the grads. Without the overlap flags both run after the
@@ -341,8 +360,6 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
     # are reduced as the last microbatch's backward produces them (and, on stages after the first, during the
     # pipeline drain: megatron-core disables bucketing there since it is off the critical path), with
     # --overlap-param-gather the all-gathers run under the first forward (distributed_data_parallel.py).
-    params = [stage_params(model, layout, st.rank, lambda kind: costs[kind].params_on_gpu, st.ranges)
-              for st in pl.stages]
     d = layout.dp * layout.cp
     # MoE layers per stage (an MoE-kind MTP layer's too): the expert terms count these only
     st_layers = [st.moe_layers + st.mtp_moe for st in pl.stages]
@@ -406,4 +423,4 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
                         **({"ep": m * cp_["ep_comm"], "moe_host": m * cp_["moe_host"]} if moe_t else {}),
                         **({"act_offload": m * cp_["act_offload"]} if layout.offload_modules else {}), "dp": dp_s},
         bubble_s=bubble, optimizer_s=optimizer_s, overhead_s=overhead)
-    return PerfEstimate(step, tps, mfu, usd, pipeline, bubble, dp_s, optimizer_s, overhead, stages, breakdown)
+    return PerfEstimate(step, tps, mfu, usd, pipeline, bubble, dp_s, optimizer_s, overhead, list(stages), breakdown)

@@ -2,7 +2,7 @@
 
 `score_space` enumerates every distinct valid layout of a space (`SearchSpace.enumerate`: knobs that cannot
 change the layout are not expanded, equivalent layouts are deduplicated), estimates each with
-`attune.estimator.estimate` (in worker processes when there are several cores), and keeps arrays: predicted
+`attune.estimator.estimate_parts`, the composition `estimate` uses (in worker processes when there are several cores), and keeps arrays: predicted
 tokens/s/GPU, peak memory per stage, the host-memory verdict and the knob-distance features. Memory is predicted first for every layout; throughput only for those within MEMORY_SCORING_MARGIN of
 capacity. The table is
 cached in this process per (model, cluster, workload, engine, space, coefficients), so a study, a resumed
@@ -25,15 +25,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from attune.errors import SearchSpaceError
-from attune.estimator import estimate
-from attune.estimator.memory import estimate_memory
-from attune.estimator.performance import estimate_performance
+from attune.estimator import estimate, estimate_parts
 from attune.estimator.coefficients import Coefficients
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec
-from attune.spec.placement import place
 from attune.search.space import SearchSpace, layout_features, layout_key, params_key
 
 # layouts whose predicted throughput is below this fraction of the best predicted fit are left out of the
@@ -134,17 +131,15 @@ def _score_shard(args) -> list:
     space, model, cluster, workload, engine, coef, shard = args
     rows = []
     limit = cluster.gpu.capacity_gib * (1.0 + MEMORY_SCORING_MARGIN)
-    for order, params, lay in space.enumerate(model, cluster.world_size, workload, engine, shard=shard):
-        placement = place(model, lay, workload, engine)
-        mem = estimate_memory(model, cluster, lay, workload, engine, coef, placement)
+    for order, params, lay, key in space.enumerate(model, cluster.world_size, workload, engine, shard=shard):
+        kf = (key, layout_features(lay, model.num_layers))  # layout_key and features, computed in the workers
+        mem, perf = estimate_parts(model, cluster, lay, workload, engine, coef, perf_below_gib=limit)
         stages = tuple(s.total_gib for s in mem.stages)
-        if mem.peak_gib > limit or not mem.host_fits:
-            rows.append((order, params, lay, math.nan, math.nan, stages, mem.peak_gib, mem.host_fits))
+        if perf is None:
+            rows.append((order, params, lay, math.nan, math.nan, stages, mem.peak_gib, mem.host_fits, kf))
             continue
-        # what `estimate` does, without placing and estimating the memory a second time
-        perf = estimate_performance(model, cluster, lay, workload, engine, coef, placement)
         rows.append((order, params, lay, perf.tokens_per_s_per_gpu, perf.step_time_s, stages,
-                     mem.peak_gib, mem.host_fits))
+                     mem.peak_gib, mem.host_fits, kf))
     return rows
 
 
@@ -170,23 +165,23 @@ def score_space(space: SearchSpace, model: ModelSpec, cluster: Cluster, workload
         jobs = [(space, model, cluster, workload, engine, coef, (k, n)) for k in range(n)]
         with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
             shards = list(pool.map(_score_shard, jobs))
-    merged, seen = [], set()
+    merged, index = [], {}
     for r in sorted((r for s in shards for r in s), key=lambda r: r[0]):
-        k = layout_key(r[2], model.num_layers)
-        if k not in seen:
-            seen.add(k)
+        if r[8][0] not in index:  # the layout_key the enumeration computed
+            index[r[8][0]] = len(merged)
             merged.append(r)
+    for i, r in enumerate(merged):
+        index.setdefault(params_key(r[1]), i)
     if not merged:
         raise SearchSpaceError(f"search space {space.name}: no layout of it passes the rules for {model.name} on "
                                f"{cluster.spec} (check the parallel sizes against the model's layers and GPUs)")
-    L = model.num_layers
     table = ScoredSpace(
         params=[r[1] for r in merged], layouts=[r[2] for r in merged],
         tokens=np.array([r[3] for r in merged], dtype=float), step_time_s=np.array([r[4] for r in merged]),
         stage_gib=[r[5] for r in merged], peak_gib=np.array([r[6] for r in merged], dtype=float),
         host_fits=np.array([r[7] for r in merged], dtype=bool),
-        features=np.array([layout_features(r[2], L) for r in merged]).reshape(len(merged), -1),
-        coefficients=coef, context=(model, cluster, workload, engine))
+        features=np.array([r[8][1] for r in merged]).reshape(len(merged), -1),
+        coefficients=coef, context=(model, cluster, workload, engine), index=index)
     while len(_CACHE) >= CACHE_SIZE:
         _CACHE.pop(next(iter(_CACHE)))
     _CACHE[key] = table

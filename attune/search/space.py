@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import optuna
@@ -113,8 +114,8 @@ class SearchSpace:
         order), deduplicated by `layout_key`. Knobs that cannot change the layout are not expanded: splits at
         PP 1, the last offset at PP 2, recompute method and layers without full recompute, uniform groups,
         block layers past a chunk's layers, SP at TP 1. Returns (params, layout) pairs in knob order; with
-        `shard=(k, n)` only every n-th candidate from the k-th, as (order, params, layout) triples (parallel
-        scoring merges the shards by order and deduplicates again)."""
+        `shard=(k, n)` only every n-th block of SHARD_BLOCK candidates from the k-th, as (order, params, layout,
+        layout_key) tuples (parallel scoring merges the shards by order and deduplicates again by the key)."""
         L = model.num_layers
         near0 = lambda k: min(self.domain(k), key=abs)  # noqa: E731
         fixed_rl, fixed_rm = near0("recompute_layers"), self.domain("recompute_method")[0]
@@ -161,11 +162,12 @@ class SearchSpace:
                     if sl == "string":
                         counts = _string_counts(L, pp, probe_first, L // pp + lo)
                     else:
-                        probe = Layout(tp=tp, pp=pp, cp=cp, dp=world_size // (tp * pp * cp), vpp=vpp, first=probe_first,
-                                       last=None if pp == 1 else (L - probe_first if pp == 2 else L // pp + lo))
-                        counts = stage_layer_counts(probe, L)
+                        counts = stage_layer_counts(_Split(pp, vpp, probe_first, None if pp == 1 else (
+                            L - probe_first if pp == 2 else L // pp + lo), None), L)
                 except (LayoutError, ValueError):
                     counts = None
+                if counts is not None and any(c % vpp for c in counts):
+                    continue  # to_layout refuses every candidate of this split: VPP must divide each stage's layers
                 recs = []
                 for rec in self.domain("recompute"):
                     if rec != "full":
@@ -188,7 +190,7 @@ class SearchSpace:
                     ctx = KnobContext(tp, bool(sp) and tp > 1, pp, cp, dp, vpp, rec, bool(off), shared, ep, dsp)
                     for values in itertools.product(*(d if len(d) > 1 and k.applies(ctx) else d1 for k, d, d1 in generic)):
                         counter += 1
-                        if counter % n_shards != k_shard:
+                        if (counter // SHARD_BLOCK) % n_shards != k_shard:
                             continue
                         params = {"tp": tp, "sequence_parallel": sp, "pp": pp, "first_offset": fo, "last_offset": lo,
                                   "vpp": vpp, "cp": cp, "recompute": rec, "recompute_method": rm, "recompute_layers": rl,
@@ -202,7 +204,7 @@ class SearchSpace:
                         out.setdefault(layout_key(lay, L), (counter, params, lay))
         if shard is None:
             return [(p, lay) for _, p, lay in sorted(out.values(), key=lambda x: x[0])]
-        return list(out.values())
+        return [(o, p, lay, key) for key, (o, p, lay) in out.items()]
 
     def value(self, params: dict, key: str):
         if key in params:
@@ -211,7 +213,8 @@ class SearchSpace:
 
     def to_layout(self, params: dict, model: ModelSpec, world_size: int, workload: Workload, engine: Engine) -> Layout:
         """The layout for a parameter set; LayoutError names the rule it breaks."""
-        g = lambda k: self.value(params, k)  # noqa: E731
+        vals = {**DEFAULTS, **self.fixed, **params}  # what `value` reads, merged once for this parameter set
+        g = vals.__getitem__
         tp, pp, cp, vpp = int(g("tp")), int(g("pp")), int(g("cp")), int(g("vpp"))
         mp = tp * pp * cp
         if world_size % mp:
@@ -241,9 +244,7 @@ class SearchSpace:
         offload = bool(g("optimizer_cpu_offload"))
         rec = g("recompute")
         method = n = None
-        probe = Layout(tp=tp, pp=pp, cp=cp, dp=world_size // mp, vpp=vpp, first=first, last=last,
-                       pipeline_layout=pipeline_layout)
-        counts = stage_layer_counts(probe, L)
+        counts = stage_layer_counts(_Split(pp, vpp, first, last, pipeline_layout), L)
         if any(c % vpp for c in counts):
             raise LayoutError(f"VPP {vpp} must divide every stage's layers ({'/'.join(map(str, counts))})")
         if rec == "full":
@@ -359,6 +360,24 @@ class SearchSpace:
 _READ_BACK = tuple(k for k in GENERIC if k.from_layout is not None)
 _READ_BACK_NAMES = {k.name: k for k in _READ_BACK}
 _DEFAULT_ONLY = frozenset(_READ_BACK_NAMES) | {"stage_layout"}
+
+
+# candidates per shard block: a layout's optimizer variants are adjacent candidates and share their per-stage
+# terms (attune.estimator.reuse) when one worker estimates them
+SHARD_BLOCK = 64
+
+
+class _Split(NamedTuple):
+    """The Layout fields `stage_layer_counts` reads: the layer split of a parameter set without building (and
+    validating) a whole Layout for it."""
+
+    pp: int
+    vpp: int
+    first: int | None
+    last: int | None
+    pipeline_layout: str | None
+    account_for_embedding: bool = False
+    account_for_loss: bool = False
 
 
 def _string_counts(L: int, pp: int, first: int, last: int) -> list[int] | None:

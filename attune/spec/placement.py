@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from attune.errors import LayoutError
 
@@ -223,11 +224,11 @@ class StagePlacement:
     mtp_moe: int = 0
     """Of ``mtp``, the layers whose MLP is an MoE block (the model's last layer is one): their routed experts."""
 
-    @property
+    @cached_property  # (computed once: the estimator reads it per stage of every layout sharing the placement)
     def layers(self) -> int:
         return sum(c.layers for c in self.chunks)
 
-    @property
+    @cached_property
     def moe_layers(self) -> int:
         """MoE layers of the rank (routed experts held): the dense layers of an MoE model hold none."""
         return sum(c.moe for c in self.chunks)

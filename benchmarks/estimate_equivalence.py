@@ -1,0 +1,179 @@
+"""Benchmark check: every estimate term of this tree equals the one of a reference commit (default f11c0fc, the
+estimator before issue 18's speed work) within 1e-9 relative, on random layouts of every bundled model.
+
+Run by hand: `python benchmarks/estimate_equivalence.py` (20,000 layouts per bundled model; `--per-model N`
+for a quick look, `--models A,B` for a few). The reference tree is extracted with `git archive` into a
+temporary folder and run in a subprocess; the layouts are drawn here (the dense space's knobs plus
+communication overlap and, for MoE models, EP / ETP / dispatcher) and handed to both sides as dictionaries,
+so both estimate the same layouts. What is compared: every float of `Estimate.memory` and `Estimate.perf`
+(stages, per-stage parts and overheads, breakdown), by name. Exit status 1 when a term differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+REFERENCE = "f11c0fc"
+CLUSTERS = ("8xH200", "64xH100", "16xH100")
+RTOL = 1e-9
+
+
+def flatten(obj, prefix: str, out: dict) -> dict:
+    """Every number inside an estimate (dataclasses, dicts, lists), by path."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        if type(obj).__name__ in ("Layout", "ModelSpec", "Cluster", "Workload", "Engine", "Batching"):
+            return out
+        for f in dataclasses.fields(obj):
+            flatten(getattr(obj, f.name), f"{prefix}.{f.name}", out)
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            flatten(v, f"{prefix}.{k}", out)
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            flatten(v, f"{prefix}[{i}]", out)
+    elif isinstance(obj, bool):
+        out[prefix] = float(obj)
+    elif isinstance(obj, (int, float)):
+        out[prefix] = float(obj)
+    return out
+
+
+def dump(cases_path: str, out_path: str) -> None:
+    """Estimate every case of `cases_path` with the attune on PYTHONPATH and write the flattened terms."""
+    from attune.estimator import estimate
+    from attune.spec.engine import get_engine
+    from attune.spec.hardware import parse_cluster
+    from attune.spec.identity import layout_from_dict
+    from attune.spec.layout import Workload
+    from attune.spec.model import load_model
+
+    cases = json.loads(Path(cases_path).read_text())
+    models, clusters = {}, {}
+    engine, wl = get_engine("slime"), Workload()
+    rows = []
+    for c in cases:
+        model = models.get(c["model"]) or models.setdefault(c["model"], load_model(c["model"]))
+        cluster = clusters.get(c["gpus"]) or clusters.setdefault(c["gpus"], parse_cluster(c["gpus"]))
+        lay = layout_from_dict(c["layout"])
+        try:
+            e = estimate(model, cluster, lay, wl, engine, check_layout=False)
+        except Exception as err:  # noqa: BLE001 (recorded: both sides must fail alike)
+            rows.append({"error": type(err).__name__})
+            continue
+        out: dict = {}
+        flatten(e.memory, "memory", out)
+        flatten(e.perf, "perf", out)
+        rows.append(out)
+    Path(out_path).write_text(json.dumps(rows))
+
+
+def draw_cases(names: list[str], per_model: int, seed: int) -> list[dict]:
+    """`per_model` random valid layouts per model (rejection sampling over the knobs)."""
+    from attune.errors import AttuneError
+    from attune.search.space import SearchSpace, load_space
+    from attune.spec.engine import get_engine
+    from attune.spec.hardware import parse_cluster
+    from attune.spec.layout import Workload
+    from attune.spec.model import load_model
+
+    base = load_space(None)
+    engine, wl = get_engine("slime"), Workload()
+    rng = np.random.default_rng(seed)
+    cases = []
+    for name in names:
+        model = load_model(name)
+        knobs = dict(base.knobs, comm_overlap=(False, True))
+        if model.moe is not None:
+            knobs.update(ep=(1, 2, 4, 8), etp=(1, 2), dispatcher=("alltoall", "allgather", "flex"))
+        space = SearchSpace(name="equivalence", path="", knobs=knobs, fixed=dict(base.fixed))
+        got, tries = 0, 0
+        while got < per_model and tries < 50 * per_model:
+            tries += 1
+            gpus = CLUSTERS[int(rng.integers(len(CLUSTERS)))]
+            try:
+                lay = space.to_layout(space.random_params(rng), model, parse_cluster(gpus).world_size, wl, engine)
+            except AttuneError:
+                continue
+            cases.append({"model": name, "gpus": gpus, "layout": lay.to_dict()})
+            got += 1
+    return cases
+
+
+def compare(a: list[dict], b: list[dict], cases: list[dict]) -> tuple[int, float, list[str]]:
+    """(terms compared, largest relative difference, first disagreements)."""
+    n, worst, bad = 0, 0.0, []
+    for i, (x, y) in enumerate(zip(a, b)):
+        if set(x) != set(y):
+            bad.append(f"case {i} ({cases[i]['model']}): terms differ: {sorted(set(x) ^ set(y))[:5]}")
+            continue
+        for k, v in x.items():
+            w = y[k]
+            n += 1
+            if v == w or (isinstance(v, float) and math.isnan(v) and math.isnan(w)):
+                continue
+            rel = abs(v - w) / max(abs(v), abs(w))
+            worst = max(worst, rel)
+            if rel > RTOL and len(bad) < 20:
+                bad.append(f"case {i} ({cases[i]['model']} {cases[i]['gpus']}): {k}: {v!r} vs {w!r}")
+    return n, worst, bad
+
+
+def run_side(tree: Path, cases_file: str, out_file: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    return subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "estimate_equivalence.py"), "--dump",
+                             cases_file, out_file], env=env, cwd=str(tree))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--per-model", type=int, default=20_000)
+    ap.add_argument("--models", default=None, help="comma-separated model names (default: every bundled model)")
+    ap.add_argument("--reference", default=REFERENCE)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dump", nargs=2, metavar=("CASES", "OUT"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.dump:
+        dump(*args.dump)
+        return
+    from attune.spec.model import bundled_names
+
+    names = args.models.split(",") if args.models else bundled_names()
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        old = tmp / "old"
+        old.mkdir()
+        arch = subprocess.run(["git", "-C", str(REPO), "archive", args.reference, "attune"], check=True,
+                              capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(old)], input=arch, check=True)
+        cases = draw_cases(names, args.per_model, args.seed)
+        (tmp / "cases.json").write_text(json.dumps(cases))
+        procs = [run_side(old, str(tmp / "cases.json"), str(tmp / "old.json")),
+                 run_side(REPO, str(tmp / "cases.json"), str(tmp / "new.json"))]
+        if any(p.wait() for p in procs):
+            sys.exit("a side failed")
+        a = json.loads((tmp / "old.json").read_text())
+        b = json.loads((tmp / "new.json").read_text())
+    n, worst, bad = compare(a, b, cases)
+    print(f"{len(cases):,} layouts of {len(names)} models ({args.per_model:,} per model asked), {n:,} terms compared "
+          f"against {args.reference}: largest relative difference {worst:.3g} (tolerance {RTOL:g}); "
+          f"{time.perf_counter() - t0:.0f} s")
+    for line in bad:
+        print("  " + line)
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -12,12 +12,12 @@ import argparse
 import os
 import time
 
-from attune.spec.engine import get_engine
 from attune.estimator import estimate
+from attune.search.space import load_space
+from attune.spec.engine import get_engine
 from attune.spec.hardware import parse_cluster
 from attune.spec.layout import Workload
 from attune.spec.model import load_model
-from attune.search.space import load_space
 
 
 def main() -> None:

@@ -22,13 +22,13 @@ import os
 import tempfile
 from pathlib import Path
 
-from attune.spec.engine import get_engine
 from attune.estimator import estimate
+from attune.runners.base import TrialSpec
+from attune.runners.torch_runner import TorchRunner
+from attune.spec.engine import get_engine
 from attune.spec.hardware import parse_cluster
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import load_model
-from attune.runners.base import TrialSpec
-from attune.runners.torch_runner import TorchRunner
 
 LAYOUTS = {  # one GPU: PP 1, DP 1; what changes is recompute and microbatch size
     "no recompute": dict(),

@@ -21,7 +21,7 @@ def main() -> None:
     print(f"{'group':22s} {'rows':>4s} {'held-out MAPE':>13s} {'bias':>7s} {'rho':>5s}   {'in-sample MAPE':>14s}")
     for pc in ("fp8", "mxfp8"):
         for part in ("all", "dense", "MoE"):
-            pick = lambda ps: [p for p in ps if p.row.precision == pc and (  # noqa: E731
+            pick = lambda ps, pc=pc, part=part: [p for p in ps if p.row.precision == pc and (  # noqa: E731
                 part == "all" or (p.row.model.moe is None) == (part == "dense"))]
             h, s = pick(held), pick(shipped)
             if not h:

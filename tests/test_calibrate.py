@@ -9,8 +9,17 @@ import pytest
 import yaml
 
 from attune.calibrate.corpus import default_corpus_dir, load_corpus, read_row
-from attune.calibrate.fit import (FitParam, apply, current, fit, fit_params, is_moe_row, leave_one_series_out,
-                                  source_values, to_data, write_data)
+from attune.calibrate.fit import (
+    FitParam,
+    apply,
+    current,
+    fit,
+    fit_params,
+    is_moe_row,
+    leave_one_series_out,
+    source_values,
+    write_data,
+)
 from attune.calibrate.report import predict, predict_row, scores, write_csv
 from attune.calibrate.rows import CorpusError
 from attune.calibrate.seed import seed_observations

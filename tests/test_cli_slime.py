@@ -38,8 +38,8 @@ def test_slime_parse_log_exit_codes(capsys):
 
 
 def test_fp16_optimizer_bytes():
-    from attune.spec.layout import Layout
     from attune.estimator.memory import optimizer_bytes
+    from attune.spec.layout import Layout
 
     # Megatron's table: bf16 6 + 12/d, fp16 4 + 16/d with the distributed optimizer
     w, g, o, h = optimizer_bytes(Layout(dp=4))

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from attune.correctness.convergence import MIN_POINTS, Thresholds, compare_curves
-from attune.errors import UserInputError
 from attune.correctness.rules import (
     UnknownArgumentWarning,
     diff_args,
@@ -17,6 +16,7 @@ from attune.correctness.rules import (
     required_tests,
     unverified_reasons,
 )
+from attune.errors import UserInputError
 
 # --------------------------------------------------------------------------------------------
 # convergence

@@ -11,13 +11,13 @@ from __future__ import annotations
 import pytest
 
 from attune.api.tune import tune
+from attune.search.space import load_space
 from attune.spec.engine import get_engine
 from attune.spec.flag_data import engine_choices
 from attune.spec.flags import flag_table
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import load_model
 from attune.spec.rules import check
-from attune.search.space import load_space
 
 SLIME, MEGATRON = get_engine("slime"), get_engine("megatron")
 FLAG = "--moe-token-dispatcher-type"

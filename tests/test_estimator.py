@@ -9,7 +9,7 @@ import pytest
 
 from attune.cli import main
 from attune.estimator import estimate
-from attune.estimator.coefficients import coefficients_for, DEFAULT, Coefficients
+from attune.estimator.coefficients import DEFAULT, Coefficients, coefficients_for
 from attune.estimator.costs import Shape, layer_costs
 from attune.estimator.memory import communicators, estimate_memory, optimizer_bytes
 from attune.estimator.performance import estimate_performance

@@ -16,6 +16,7 @@ import pytest
 
 from attune.cli import main
 from attune.errors import ModelError
+from attune.runners.slime.launch import model_args, slime_command
 from attune.spec.baselines import baseline_layout
 from attune.spec.engine import get_engine
 from attune.spec.family_registry import by_hf_type, by_name, names
@@ -23,7 +24,6 @@ from attune.spec.flags import known_flag, to_flags
 from attune.spec.hardware import parse_cluster
 from attune.spec.layout import Workload
 from attune.spec.model import bundled_names, from_hf_config, load_model
-from attune.runners.slime.launch import model_args, slime_command
 
 LAYOUT_FLAGS = ("--moe-token-dispatcher-type", "--moe-grouped-gemm", "--moe-permute-fusion")
 
@@ -101,7 +101,7 @@ RUNTIME_FLAGS = ("--attention-softmax-in-fp32",)
 
 def _expected(text: str) -> list[str]:
     words, out, skip = shlex.split(text), [], False
-    for i, w in enumerate(words):
+    for w in words:
         if skip:
             skip = False
             continue

@@ -8,7 +8,7 @@ from dataclasses import fields, replace
 import pytest
 
 from attune.correctness.rules import diff_args, load_rules
-from attune.errors import FlagError, LayoutError
+from attune.errors import FlagError
 from attune.recipe import load_known_flags
 from attune.spec.flags import (
     LAYOUT_FLAGS,

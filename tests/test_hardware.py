@@ -1,9 +1,9 @@
 import pytest
 
+from attune.errors import HardwareError
 from attune.estimator.coefficients import DEFAULT
 from attune.estimator.performance import _link_gbps
 from attune.spec.hardware import GPUS, get_gpu, parse_cluster
-from attune.errors import HardwareError
 
 
 def test_specs():

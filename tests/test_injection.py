@@ -29,7 +29,7 @@ def hostile(canary: Path) -> list[str]:
     """Values that would run `touch canary` if a shell read them unquoted (or double-quoted)."""
     c = str(canary)
     return [f"$(touch {c})", f"`touch {c}`", f"x; touch {c}; true", f"x' ; touch {c}; '", f'x" ; touch {c}; "',
-            f"x\ntouch {c}", f"x && touch {c}", f"x | touch {c}", f"$HOME/x", "${HOME}", f"x > {c}",
+            f"x\ntouch {c}", f"x && touch {c}", f"x | touch {c}", "$HOME/x", "${HOME}", f"x > {c}",
             f"x\"$(touch {c})\"", f"x'$(touch {c})'", "--flag=-x", "*", "~"]
 
 
@@ -100,7 +100,6 @@ def test_slime_launch_script_hostile_paths(tmp_path, dump):
     """The whole slime launch (bash -c '<script>'), run for real with the dump program as python: the hostile
     slime folder exists, so the script gets as far as the training command."""
     prog, out = dump
-    canary = tmp_path / "canary"
     recipe = load_recipe(SEED)
     values = [v for v in hostile(Path("canary")) if "/" not in v and not ray_expands(v) and "\n" not in v]
     assert any("$(" in v for v in values) and any("`" in v for v in values)

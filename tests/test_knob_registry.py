@@ -13,10 +13,10 @@ from attune.recipe.models import LayoutBlock
 from attune.recipe.target import recipe_target
 from attune.search import space as S
 from attune.search.spacefile import Fixed, Knobs
+from attune.spec.engine import get_engine
 from attune.spec.flags import flag_table
 from attune.spec.identity import KEY_DERIVED_FIELDS, layout_key
 from attune.spec.knob_registry import GENERIC, IDENTITY, KNOBS, IntSpan, flags_of, recipe_paths
-from attune.spec.engine import get_engine
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import load_model
 

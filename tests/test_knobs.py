@@ -19,8 +19,13 @@ from attune.spec.flags import from_flags, to_flags
 from attune.spec.hardware import parse_cluster
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import load_model
-from attune.spec.pipeline_layout import (accounted_stage_counts, check_layout_string, expand, layout_string,
-                                         pattern_counts)
+from attune.spec.pipeline_layout import (
+    accounted_stage_counts,
+    check_layout_string,
+    expand,
+    layout_string,
+    pattern_counts,
+)
 from attune.spec.placement import batching, chunk_ranges, stage_layer_counts
 from attune.spec.rules import check
 

@@ -1,13 +1,13 @@
 import pytest
 
-from attune.spec.engine import get_engine
-from attune.spec.layout import Layout, Workload
 from attune.errors import FlagError, LayoutError
+from attune.recipe import load_recipe
+from attune.recipe.codec import from_recipe_blocks
+from attune.spec.engine import get_engine
+from attune.spec.flags import from_flags, to_flags
+from attune.spec.layout import Layout, Workload
 from attune.spec.placement import batching, chunk_ranges, stage_layer_counts
 from attune.spec.rules import check
-from attune.spec.flags import from_flags, to_flags
-from attune.recipe.codec import from_recipe_blocks
-from attune.recipe import load_recipe
 
 from .conftest import SEED
 

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from attune.spec.model import FULL, LINEAR, bundled_names, from_geometry, from_hf_config, load_model
 from attune.errors import ModelError
+from attune.spec.model import FULL, LINEAR, bundled_names, from_geometry, from_hf_config, load_model
 
 
 def test_qwen36_active_params_exact(qwen):

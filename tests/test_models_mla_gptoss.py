@@ -11,12 +11,12 @@ import pytest
 from attune.cli import main
 from attune.estimator import moe as moe_terms
 from attune.estimator.costs import Shape, attended_keys, layer_costs
+from attune.runners.slime.launch import LaunchError, model_args
 from attune.spec.engine import get_engine
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import DENSE, FULL, SLIDING, from_hf_config, load_model
 from attune.spec.moe import moe_model_args
 from attune.spec.placement import place, stage_params
-from attune.runners.slime.launch import LaunchError, model_args
 
 B = 1e9
 SLIME = get_engine("slime")

@@ -5,30 +5,28 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import replace
 
 import pytest
 
 from attune.api.estimate import estimate_target
 from attune.api.tune import tune, tune_config
-from attune.recipe.target import recipe_target
 from attune.errors import LayoutError, ModelError, RecipeError
 from attune.estimator import estimate
 from attune.estimator.coefficients import coefficients_for
 from attune.estimator.memory import communicators, deepep_buffer_bytes, fixed_overheads
+from attune.recipe.target import recipe_target
+from attune.runners.slime.launch import model_args
+from attune.search.space import load_space
+from attune.spec import moe as moe_mod
 from attune.spec.baselines import baseline_layout
 from attune.spec.engine import get_engine
 from attune.spec.flags import from_flags, to_flags
 from attune.spec.hardware import parse_cluster
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import from_hf_config, load_model
-from attune.spec.rules import check
-from attune.spec import moe as moe_mod
 from attune.spec.moe import expert_data_parallel
 from attune.spec.placement import stage_params
 from attune.spec.rules import check
-from attune.runners.slime.launch import model_args
-from attune.search.space import load_space
 
 SLIME = get_engine("slime")
 H200 = parse_cluster("8xH200")
@@ -213,7 +211,7 @@ def test_moe_space_enumerates_ep_layouts():
     cands = space.enumerate(m, 8, Workload(seq_length=1024, global_batch=16), SLIME)
     eps = {lay.ep for _, lay in cands}
     assert eps == {1, 2, 4, 8}
-    for params, lay in cands[:50]:
+    for _params, lay in cands[:50]:
         assert space.params_for(lay, m, Workload(seq_length=1024, global_batch=16)) is not None
     # a dense model in the same space stays at EP 1
     dense = space.enumerate(load_model("tiny-llama"), 8, Workload(seq_length=1024, global_batch=16), SLIME)

@@ -10,8 +10,7 @@ torch = pytest.importorskip("torch")
 
 from attune.api.verify import verify  # noqa: E402
 from attune.correctness.convergence import compare_curves  # noqa: E402
-from attune.correctness.precision_check import (PRECISION_THRESHOLDS, precision_component,  # noqa: E402
-                                                thresholds_for, unit_roundoff)
+from attune.correctness.precision_check import PRECISION_THRESHOLDS, precision_component, thresholds_for, unit_roundoff  # noqa: E402
 from attune.recipe import load_recipe, write_recipe  # noqa: E402
 from attune.spec.layout import Layout  # noqa: E402
 from attune.spec.model import load_model  # noqa: E402

@@ -37,7 +37,7 @@ def test_sweep_rank_follows_the_measured_order(tmp_path):
     rows = _sweep_rows("s")
     preds = predict(_write(tmp_path, rows))
     order = sorted(range(len(rows)), key=lambda i: preds[i].tokens_per_s_per_gpu)
-    for rank, i in enumerate(order):  # measured in the predicted order, 20% off: rank 1, fastest right
+    for i in order:  # measured in the predicted order, 20% off: rank 1, fastest right
         rows[i]["derived"]["tokens_per_s_per_gpu"] = preds[i].tokens_per_s_per_gpu * 1.2
     (s,) = sweeps(predict(_write(tmp_path, rows)))
     assert (s.series, s.rows, s.layouts) == ("s", 4, 4)

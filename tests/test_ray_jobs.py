@@ -25,14 +25,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attune.spec.engine import get_engine
-from attune.spec.hardware import parse_cluster
-from attune.spec.layout import Layout, Workload
-from attune.spec.model import load_model
 from attune.errors import MissingDependency
 from attune.runners.base import OK, TIMEOUT, TrialResult, TrialSpec
 from attune.runners.ray import jobs as jobs_mod
 from attune.runners.ray.jobs import RayJobs, submission_id
+from attune.spec.engine import get_engine
+from attune.spec.hardware import parse_cluster
+from attune.spec.layout import Layout, Workload
+from attune.spec.model import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 HAVE_RAY = importlib.util.find_spec("ray") is not None

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from attune.errors import RecipeError as AttuneRecipeError, UserInputError
+from attune.errors import RecipeError as AttuneRecipeError
+from attune.errors import UserInputError
 from attune.recipe import (
     Finding,
     Recipe,
@@ -279,6 +280,7 @@ def _models(model, seen=None):
 
 def _nested_models(tp):
     import typing
+
     from pydantic import BaseModel
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         yield tp

@@ -15,11 +15,19 @@ import pytest
 
 from attune.errors import UserInputError
 from attune.runners import base
-from attune.runners.base import (OK, OOM, Capabilities, Runner, TrialResult, TrialSpec, UnsupportedLayout,
-                                 step_time_stats)
+from attune.runners.base import (
+    OK,
+    OOM,
+    Capabilities,
+    Runner,
+    TrialResult,
+    TrialSpec,
+    UnsupportedLayout,
+    step_time_stats,
+)
 from attune.runners.procs import kill_tree, run_logged
-from attune.runners.registry import get_runner, runner_capabilities, runner_class, runner_names
 from attune.runners.ray.jobs import JobOutcome
+from attune.runners.registry import get_runner, runner_capabilities, runner_class, runner_names
 from attune.runners.torch_runner import TORCH_WORKLOAD
 from attune.spec.engine import get_engine
 from attune.spec.hardware import parse_cluster
@@ -30,9 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_CLUSTER = ROOT / "examples" / "cluster.yaml"
 
 
-def spec(layout: Layout = Layout(pp=2, dp=1), trial_dir: Path | None = None, cluster: str = "2xcpu",
+def spec(layout: Layout | None = None, trial_dir: Path | None = None, cluster: str = "2xcpu",
          model: str = "tiny-llama", engine: str = "torch", **kw) -> TrialSpec:
-    return TrialSpec(model=load_model(model), cluster=parse_cluster(cluster), layout=layout,
+    return TrialSpec(model=load_model(model), cluster=parse_cluster(cluster), layout=layout or Layout(pp=2, dp=1),
                      workload=Workload(seq_length=64, global_batch=4, steps=4, window=(1, 3)),
                      engine=get_engine(engine), trial_dir=trial_dir, **kw)
 

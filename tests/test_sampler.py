@@ -11,9 +11,9 @@ import pytest
 from attune.api.tune import tune, tune_config
 from attune.estimator import estimate
 from attune.estimator.coefficients import coefficients_for
+from attune.search import sampler as sampler_module
 from attune.search.recalibrate import MEMORY_PRIOR_FRACTION, Measurement, fitted_bounds, recalibrate
 from attune.search.records import records
-from attune.search import sampler as sampler_module
 from attune.search.sampler import ModelGuidedSampler, busy_or_done_keys
 from attune.search.scoring import score_space
 from attune.search.space import layout_key, load_space, params_key
@@ -26,7 +26,7 @@ def _exhaustive_optimum(cfg):
     """The best predicted layout that fits, by estimating every parameter set's layout one by one."""
     best, cap = None, cfg.cluster.gpu.capacity_gib * (1 - cfg.headroom)
     coef = coefficients_for(cfg.cluster.gpu)
-    for params, lay in cfg.space.enumerate(cfg.model, cfg.cluster.world_size, cfg.workload, cfg.engine):
+    for _params, lay in cfg.space.enumerate(cfg.model, cfg.cluster.world_size, cfg.workload, cfg.engine):
         e = estimate(cfg.model, cfg.cluster, lay, cfg.workload, cfg.engine, coef)
         if e.memory.host_fits and e.memory.peak_gib <= cap and (best is None or e.perf.tokens_per_s_per_gpu > best[0]):
             best = (e.perf.tokens_per_s_per_gpu, lay)

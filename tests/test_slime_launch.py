@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-
 import json
 import shlex
 import subprocess
@@ -16,23 +15,27 @@ from pathlib import Path
 import pytest
 
 from attune.cli import main
-from attune.spec.engine import get_engine
-from attune.spec.hardware import parse_cluster
-from attune.spec.layout import Layout, Workload
-from attune.spec.flags import from_flags
-from attune.recipe.codec import from_recipe_blocks
-from attune.recipe.codec import to_recipe_block
-from attune.spec.baselines import baseline_layout
-from attune.spec.flags import known_flag
-from attune.spec.placement import batching
-from attune.spec.model import load_model
 from attune.recipe import has_errors, lint, load_recipe, parse_run
+from attune.recipe.codec import from_recipe_blocks, to_recipe_block
 from attune.runners.base import FAILED, OK, OOM, TIMEOUT, TrialResult, TrialSpec
 from attune.runners.ray.cluster import ClusterFileError, load_cluster, parse_cluster_config
 from attune.runners.ray.jobs import JobOutcome
-from attune.runners.slime.launch import (ATTUNE_PACKAGE_DIR, LaunchError, command_for_recipe, model_args,
-                                         slime_command, stage_of_rank)
+from attune.runners.slime.launch import (
+    ATTUNE_PACKAGE_DIR,
+    LaunchError,
+    command_for_recipe,
+    model_args,
+    slime_command,
+    stage_of_rank,
+)
 from attune.runners.slime.runner import SlimePayload, SlimeRunner, slime_result
+from attune.spec.baselines import baseline_layout
+from attune.spec.engine import get_engine
+from attune.spec.flags import from_flags, known_flag
+from attune.spec.hardware import parse_cluster
+from attune.spec.layout import Layout, Workload
+from attune.spec.model import load_model
+from attune.spec.placement import batching
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = ROOT / "tests" / "fixtures" / "seed_recipe.yaml"
@@ -526,7 +529,6 @@ def test_launch_rejects_mismatches(qwen, seed_layout):
 def test_trial_name_is_quoted_and_sanitised(qwen, seed_layout):
     layout, workload = seed_layout
     c = slime_command(qwen, parse_cluster("8xH200"), layout, workload, trial="my trial; rm -rf /")
-    g = groups(c.flags)
     assert c.env["TENSORBOARD_DIR"] == "$PROFILE_DIR/my-trial-rm--rf/tensorboard"
 
 

@@ -22,8 +22,7 @@ from attune.api.tune import tune_config
 from attune.errors import RunnerError
 from attune.runners.ray.cluster import parse_cluster_config
 from attune.runners.ray.jobs import JobOutcome
-from attune.runners.slime.preflight import (PreflightFailed, judge, parse_preflight_log, preflight_job,
-                                            run_preflight)
+from attune.runners.slime.preflight import PreflightFailed, judge, parse_preflight_log, preflight_job, run_preflight
 from attune.runners.slime.preflight_probe import MARKER, node_checks
 from attune.runners.slime.runner import SlimeRunner
 from attune.search.tuner import Tuner

@@ -25,8 +25,13 @@ from attune.runners.ray.jobs import JobOutcome  # noqa: E402
 from attune.runners.slime import tbscalars  # noqa: E402
 from attune.runners.slime.logparse import parse_slime_log  # noqa: E402
 from attune.runners.slime.runner import slime_result  # noqa: E402
-from attune.runners.slime.tbscalars import (EventFileScalars, dump_line, read_tensorboard_dir,  # noqa: E402
-                                            scalars_from_log, train_metrics)
+from attune.runners.slime.tbscalars import (  # noqa: E402
+    EventFileScalars,
+    dump_line,
+    read_tensorboard_dir,
+    scalars_from_log,
+    train_metrics,
+)
 from attune.spec.engine import get_engine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,8 +18,15 @@ from attune.reporting import write_csv
 from attune.runners.locks import DeviceLock, device_names
 from attune.search.coordination import CLAIM, contest, new_measured_trial, pending_retries, slots
 from attune.search.records import TrialRecord, records
-from attune.search.storage import (BadStorageURL, RetryingStorage, StorageUnavailable, is_transient, mask_url,
-                                   open_storage, storage_kind)
+from attune.search.storage import (
+    BadStorageURL,
+    RetryingStorage,
+    StorageUnavailable,
+    is_transient,
+    mask_url,
+    open_storage,
+    storage_kind,
+)
 from attune.search.tuner import Tuner
 
 # plain TPE: the model sampler scores the whole space first (tens of seconds), not what these tests are about

@@ -23,8 +23,7 @@ from attune.spec.hardware import parse_cluster  # noqa: E402
 from attune.spec.layout import Layout, Workload  # noqa: E402
 from attune.spec.model import load_model  # noqa: E402
 from attune.torchmodels import build_model  # noqa: E402
-from attune.torchmodels.expert_parallel import (AllToAll, ExpertParallel, ep_group_ranks,  # noqa: E402
-                                                expert_dp_group_ranks)
+from attune.torchmodels.expert_parallel import AllToAll, ExpertParallel, ep_group_ranks, expert_dp_group_ranks  # noqa: E402
 from attune.torchmodels.moe_block import MoEBlock  # noqa: E402
 
 MOE = "tiny-qwen3-moe"

@@ -11,15 +11,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from attune.runners.base import FAILED, OK, OOM, TIMEOUT, TrialResult, TrialSpec, UnsupportedLayout, step_time_stats  # noqa: E402
+from attune.runners.registry import get_runner  # noqa: E402
+from attune.runners.torch_runner import TorchRunner, torch_result  # noqa: E402
+from attune.runners.torch_worker import FAULT_ENV, FAULT_RANK_ENV, FAULT_STEP_ENV, lr_at  # noqa: E402
 from attune.spec.engine import get_engine  # noqa: E402
 from attune.spec.hardware import parse_cluster  # noqa: E402
 from attune.spec.layout import Layout, Workload  # noqa: E402
 from attune.spec.model import load_model  # noqa: E402
-from attune.runners.base import (FAILED, OK, OOM, TIMEOUT, TrialResult, TrialSpec,  # noqa: E402
-                                 UnsupportedLayout, step_time_stats)
-from attune.runners.registry import get_runner  # noqa: E402
-from attune.runners.torch_runner import TorchRunner, torch_result  # noqa: E402
-from attune.runners.torch_worker import FAULT_ENV, FAULT_RANK_ENV, FAULT_STEP_ENV, lr_at  # noqa: E402
 
 # short rows, small batch, 20 steps: a trial takes a few seconds on 2 CPU cores
 WL = Workload(seq_length=128, global_batch=4, steps=20, window=(5, 19), lr=1e-3, min_lr=1e-4,

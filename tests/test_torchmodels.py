@@ -9,14 +9,21 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attune.spec.layout import Layout, Workload
-from attune.spec.placement import stage_layer_counts, stage_params  # noqa: E402
-from attune.spec.model import load_model  # noqa: E402
 from attune.runners.torch_worker import lr_at  # noqa: E402
-from attune.torchmodels import (build_model, gated_delta_rule_chunked, gated_delta_rule_recurrent,  # noqa: E402
-                                token_loss_sum)
-from attune.torchmodels.data import (NGRAM, PROMPT_TOKENS, DataError, load_rows, pack_samples,  # noqa: E402
-                                     shift_labels, step_row_indices, synthetic_rows)
+from attune.spec.layout import Layout, Workload  # noqa: E402
+from attune.spec.model import load_model  # noqa: E402
+from attune.spec.placement import stage_layer_counts, stage_params  # noqa: E402
+from attune.torchmodels import build_model, gated_delta_rule_chunked, gated_delta_rule_recurrent, token_loss_sum  # noqa: E402
+from attune.torchmodels.data import (  # noqa: E402
+    NGRAM,
+    PROMPT_TOKENS,
+    DataError,
+    load_rows,
+    pack_samples,
+    shift_labels,
+    step_row_indices,
+    synthetic_rows,
+)
 from attune.torchmodels.modules import GatedDeltaNet  # noqa: E402
 
 TINY = ["tiny-qwen3.5", "tiny-llama", "tiny-gpt2"]

@@ -20,8 +20,8 @@ from attune.recipe import lint, load_recipe, validate_recipe, write_recipe  # no
 from attune.recipe.codec import to_recipe_block  # noqa: E402
 from attune.runners.base import Capabilities, Runner, TrialResult  # noqa: E402
 from attune.runners.registry import get_runner  # noqa: E402
-from attune.runners.torch_runner import torch_rerun  # noqa: E402
 from attune.runners.slime.launch import slime_command  # noqa: E402
+from attune.runners.torch_runner import torch_rerun  # noqa: E402
 from attune.spec.engine import get_engine  # noqa: E402
 from attune.spec.hardware import parse_cluster  # noqa: E402
 from attune.spec.layout import Layout, Workload  # noqa: E402

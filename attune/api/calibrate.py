@@ -11,10 +11,17 @@ import attune
 from attune.calibrate.corpus import load_corpus
 from attune.calibrate.fit import FitResult, current, moe_transfer_table, write_data
 from attune.calibrate.precision_fit import fit_all_stages, pairs_markdown
-from attune.calibrate.ranking import (SweepScore, leave_one_series_out_table, loso_markdown, sweeps,
-                                      sweeps_markdown)
-from attune.calibrate.report import (Prediction, SeriesScore, default_coefficients, markdown, predict, scores,
-                                     write_csv, write_parity_png)
+from attune.calibrate.ranking import SweepScore, leave_one_series_out_table, loso_markdown, sweeps, sweeps_markdown
+from attune.calibrate.report import (
+    Prediction,
+    SeriesScore,
+    default_coefficients,
+    markdown,
+    predict,
+    scores,
+    write_csv,
+    write_parity_png,
+)
 from attune.calibrate.rows import Corpus, CorpusRow
 from attune.estimator import coefficients as coefficients_module
 from attune.estimator.coefficients import DATA_FILE, UNKNOWN_NAMES

@@ -17,9 +17,9 @@ import sqlalchemy
 
 from attune.errors import UserInputError
 from attune.search.coordination import pending_retries
+from attune.search.options import GRACE_PERIOD_S
 from attune.search.records import TrialRecord, records
 from attune.search.storage import CONNECT_TIMEOUT_S, StorageHandle, open_storage
-from attune.search.options import GRACE_PERIOD_S
 
 __all__ = ["WorkerSeen", "StaleTrial", "StudyStatus", "study_status"]
 

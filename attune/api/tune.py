@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from attune.api.outdir import OutDirError, check_out_dir, claim_out_dir
 from attune.api.target import batch_for_cluster
 from attune.correctness.verdict import Verdict, apply_verdict
 from attune.correctness.verify import verify_recipe, write_outputs
@@ -25,20 +26,19 @@ from attune.recipe import Recipe, lint, write_recipe
 from attune.reporting import build_recipe, recipe_path, write_csv, write_report
 from attune.reporting.precision_recipe import low_precision_recipe
 from attune.runners.registry import get_runner, resolve_runner, runner_capabilities
-from attune.search.precision_search import PrecisionComparison, allowed_recipes, compare
 from attune.search.interrupt import fail_left_running
+from attune.search.options import TuneOptions
+from attune.search.precision_search import PrecisionComparison, allowed_recipes, compare
 from attune.search.records import records, study_counts
 from attune.search.space import load_space
-from attune.api.outdir import OutDirError, check_out_dir, claim_out_dir
-from attune.search.options import TuneOptions
 from attune.search.storage import check_url, mask_url
 from attune.search.tuner import StudyError, TuneConfig, TuneOutcome, Tuner
 from attune.spec.baselines import baseline_layout
 from attune.spec.engine import DEFAULT_ENGINE, get_engine
 from attune.spec.hardware import parse_cluster
 from attune.spec.layout import Workload
-from attune.spec.precision import recipe_of
 from attune.spec.model import load_model
+from attune.spec.precision import recipe_of
 from attune.torchmodels.data import load_rows
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,6 @@ and named in ``assumptions``. The seed recipe's four observations are rows too (
 
 from __future__ import annotations
 
-
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -17,16 +16,16 @@ from pathlib import Path
 import yaml
 
 import attune
+from attune.calibrate.moe_rows import moe_settings, resolve_moe_model
 from attune.calibrate.precision_rows import NotModelled, row_precision
 from attune.calibrate.rows import MEMORY, THROUGHPUT, Corpus, CorpusError, CorpusRow, MemoryObservation
-from attune.calibrate.moe_rows import moe_settings, resolve_moe_model
 from attune.calibrate.seed import SEED_SERIES, seed_observations
 from attune.errors import AttuneError, UserInputError
 from attune.spec.engine import ENGINES, Engine, for_release, get_engine
 from attune.spec.hardware import GPUS, GiB, parse_cluster
+from attune.spec.knobs import RECOMPUTE_MODULES
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec, from_geometry
-from attune.spec.knobs import RECOMPUTE_MODULES
 from attune.spec.moe import ep_overlap_rules
 from attune.spec.precision import hardware_refusal
 from attune.spec.rules import check

@@ -12,8 +12,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from attune import api
 from attune.api import calibrate as calibrate_api
-from attune.api import study as study_api
 from attune.api import slime as slime_api
+from attune.api import study as study_api
 from attune.api import tune as tune_api
 from attune.api.outdir import check_out_dir
 from attune.api.verify import verify as verify_recipe_file

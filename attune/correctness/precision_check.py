@@ -37,11 +37,11 @@ import copy
 import math
 from dataclasses import dataclass, field, replace
 
+from attune import torchmodels as lowp
 from attune.correctness.arms import Arms, compare_arms
 from attune.correctness.component import decoder_layer_shapes
 from attune.correctness.convergence import Thresholds
 from attune.correctness.verdict import ArmRun, NegativeControl, one_line
-from attune import torchmodels as lowp
 from attune.errors import require
 from attune.spec.layout import Layout
 from attune.spec.model import ModelSpec

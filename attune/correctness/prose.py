@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
-from attune.correctness.verdict import (ArmRun, ComponentCheck, ConfigurationCheck, ConvergenceCheck,
-                                        NegativeControl, RulesCheck, Verdict, one_line)
+from attune.correctness.verdict import (
+    ArmRun,
+    ComponentCheck,
+    ConfigurationCheck,
+    ConvergenceCheck,
+    NegativeControl,
+    RulesCheck,
+    Verdict,
+    one_line,
+)
 from attune.spec.layout import Layout
 
 

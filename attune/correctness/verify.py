@@ -30,8 +30,16 @@ from attune.correctness import prose
 from attune.correctness.arms import Arms, compare_arms, negative_controls
 from attune.correctness.checks import component_check, configuration_check, rules_check
 from attune.correctness.precision_check import precision_component, precision_controls, thresholds_for
-from attune.correctness.verdict import (ArmRun, ComponentCheck, ConfigurationCheck, ConvergenceCheck,
-                                        NegativeControl, RulesCheck, Verdict, one_line)
+from attune.correctness.verdict import (
+    ArmRun,
+    ComponentCheck,
+    ConfigurationCheck,
+    ConvergenceCheck,
+    NegativeControl,
+    RulesCheck,
+    Verdict,
+    one_line,
+)
 from attune.errors import UserInputError
 from attune.recipe.models import Correctness, Recipe, schema_issues
 from attune.recipe.target import RecipeTarget, recipe_target

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .coefficients import Coefficients, coefficients_for
+from attune.errors import LayoutError
+from attune.estimator.memory import MemoryEstimate, estimate_memory
+from attune.estimator.performance import PerfEstimate, estimate_performance
+from attune.estimator.reuse import placement as shared_placement
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
-from attune.estimator.reuse import placement as shared_placement
-from attune.errors import LayoutError
+from attune.spec.model import ModelSpec
 from attune.spec.precision import hardware_refusal
 from attune.spec.rules import validate
-from attune.estimator.memory import MemoryEstimate, estimate_memory
-from attune.spec.model import ModelSpec
-from attune.estimator.performance import PerfEstimate, estimate_performance
+
+from .coefficients import Coefficients, coefficients_for
 
 
 @dataclass

@@ -18,18 +18,19 @@ import math
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from .coefficients import Coefficients, coefficients_for
-from attune.estimator.costs import BF16, FP32, Shape, layer_costs, mtp_logits_bytes, mtp_saved
-from attune.estimator import offload as knob_terms
 from attune.estimator import moe as moe_terms
+from attune.estimator import offload as knob_terms
 from attune.estimator import precision as lp_terms
+from attune.estimator import reuse
+from attune.estimator.costs import BF16, FP32, Shape, layer_costs, mtp_logits_bytes, mtp_saved
+from attune.estimator.reuse import placement as shared_placement
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster, GiB
-from attune.spec.placement import Batching, Placement, mtp_kind, stage_params
-from attune.estimator import reuse
-from attune.estimator.reuse import placement as shared_placement
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import FULL, LINEAR, ModelSpec, is_dense_kind
+from attune.spec.placement import Batching, Placement, mtp_kind, stage_params
+
+from .coefficients import Coefficients, coefficients_for
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 """Bytes per element of the optimizer-state dtypes (``--exp-avg-dtype`` / ``--exp-avg-sq-dtype``)."""
@@ -278,7 +279,7 @@ def _fixed_overheads(layout: Layout, workload: Workload, engine: Engine, cluster
     out = {"cuda_context": coef.cuda_context_gib, "gemm_workspaces": coef.gemm_workspace_gib}
     nccl = 0.0
     nvls_on = engine.nvls and cluster.gpu.nvls
-    for name, ranks, intra in communicators(layout, stage, cluster):
+    for name, _ranks, intra in communicators(layout, stage, cluster):
         nccl += coef.nccl_buffers_gib_per_comm
         if nvls_on and intra and name not in ("pp", "ep"):  # NVLS serves collectives, not point-to-point / all-to-all
             nccl += coef.nccl_nvls_gib_per_comm

@@ -36,7 +36,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from .coefficients import Coefficients, peak_ratio
 from attune.estimator import moe as moe_terms
 from attune.estimator.costs import BF16, FP32, LayerCost, Shape
 from attune.spec.engine import Engine
@@ -44,6 +43,8 @@ from attune.spec.hardware import GPU, GiB
 from attune.spec.layout import Layout
 from attune.spec.model import FULL, LINEAR, ModelSpec, mixer_of
 from attune.spec.precision import recipe_of
+
+from .coefficients import Coefficients, peak_ratio
 
 # Saved tensors (attune.estimator.costs / moe names) that only a TE linear keeps, for its weight gradient: they
 # are kept quantized. Matched on the name's wording, which costs.py documents per kernel.

@@ -2,7 +2,15 @@
 and the one parser from a recipe to its model, cluster, engine, layout and workload)."""
 
 from attune.errors import RecipeError
-from attune.recipe.io import dump_recipe, load_recipe, load_recipe_model, load_schema, parse_recipe, to_jsonable, write_recipe
+from attune.recipe.io import (
+    dump_recipe,
+    load_recipe,
+    load_recipe_model,
+    load_schema,
+    parse_recipe,
+    to_jsonable,
+    write_recipe,
+)
 from attune.recipe.models import Recipe, schema_errors, validate_recipe
 from attune.recipe.runblock import RunBlock, is_expansion, parse_run, split_commands
 from attune.recipe.show import render, summarize, summary_rows

@@ -9,7 +9,6 @@ from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec
 from attune.spec.placement import Batching, stage_layer_counts
 
-
 _LAYOUT_DEFAULTS = Layout()
 
 

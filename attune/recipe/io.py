@@ -24,8 +24,8 @@ from typing import Any
 import yaml
 
 from attune.errors import RecipeError
-from attune.spec.textio import NoAliasLoader
 from attune.recipe.models import SCHEMA_FILE, Recipe, recipe_json_schema, validate_recipe
+from attune.spec.textio import NoAliasLoader
 
 __all__ = [
     "RecipeError",
@@ -64,7 +64,7 @@ def _construct_mapping_no_duplicates(loader: yaml.SafeLoader, node: yaml.Mapping
         except TypeError:
             raise yaml.constructor.ConstructorError(
                 "while constructing a mapping", node.start_mark,
-                "found an unhashable key", key_node.start_mark)
+                "found an unhashable key", key_node.start_mark) from None
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 "while constructing a mapping", node.start_mark,

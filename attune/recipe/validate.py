@@ -23,8 +23,8 @@ from attune.recipe.models import Recipe
 from attune.recipe.models import schema_issues as _model_schema_issues
 from attune.spec.engine import DEFAULT_ENGINE, get_engine
 from attune.spec.flags import FlagSpec, flag_prefixes, flag_table, known_flag, table_describes
-from attune.spec.model import load_model
 from attune.spec.knobs import not_honoured
+from attune.spec.model import load_model
 from attune.spec.rules import check as layout_rules
 
 from .io import get_path

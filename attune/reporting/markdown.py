@@ -13,8 +13,8 @@ from attune.recipe.models import Recipe
 from attune.reporting.edge import edge_section
 from attune.reporting.plots import plot_study
 from attune.search.ablation import ablation
-from attune.search.storage import mask_url
 from attune.search.records import records, study_counts
+from attune.search.storage import mask_url
 from attune.search.tuner import TuneConfig, TuneOutcome
 
 # rows of the measured-trials table (best first)
@@ -128,7 +128,7 @@ def _calibration(cfg: TuneConfig, out: TuneOutcome) -> list[str]:
         L += ["| trial | layout | measured tokens/s/GPU | error before (shipped) | error at proposal | "
               "error after (final calibration) |\n|---|---|---|---|---|---|"]
         for r, p0, p1 in zip(rows, from_shipped, final):
-            e = lambda p: "" if not p else f"{100 * (p - r.value) / r.value:+.1f}%"  # noqa: E731
+            e = lambda p, ref=r.value: "" if not p else f"{100 * (p - ref) / ref:+.1f}%"  # noqa: E731
             L.append(f"| {r.number} | {r.label} | {r.value:,.1f} | {e(p0)} | "
                      f"{e(r.predicted_model_tokens_per_s_per_gpu or r.predicted_tokens_per_s_per_gpu)} | {e(p1)} |")
         L.append("")

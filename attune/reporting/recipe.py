@@ -10,8 +10,17 @@ from pathlib import Path
 from attune.estimator import estimate
 from attune.estimator.metrics import model_flops_utilization, usd_per_million_tokens
 from attune.recipe.codec import to_recipe_block
-from attune.recipe.models import (ActiveParams, Author, Correctness, Gpu, LayoutBlock, Recipe, Result, WorkloadBlock,
-                                  validate_block)
+from attune.recipe.models import (
+    ActiveParams,
+    Author,
+    Correctness,
+    Gpu,
+    LayoutBlock,
+    Recipe,
+    Result,
+    WorkloadBlock,
+    validate_block,
+)
 from attune.runners.base import Rerun, TrialSpec
 from attune.search.records import records, study_counts
 from attune.search.tuner import TuneConfig, TuneOutcome

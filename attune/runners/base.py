@@ -307,7 +307,7 @@ class Runner(abc.ABC):
         """Whether results are real measurements (``capabilities.measured``)."""
         return self.capabilities.measured
 
-    def preflight(self, model: ModelSpec, cluster: Cluster) -> None:
+    def preflight(self, model: ModelSpec, cluster: Cluster) -> None:  # noqa: B027 (a default: nothing to check)
         """Check, once before a study's first trial, that the runner's machines hold what its trials need;
         raise a one-line :class:`attune.errors.RunnerError` naming what is missing. Default: nothing to check."""
 

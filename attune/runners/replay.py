@@ -42,7 +42,6 @@ from attune.spec.identity import layout_key
 from attune.spec.knob_registry import TRIALS_CSV_COLUMNS as _CSV_LAYOUT_FIELDS
 from attune.spec.layout import Layout
 from attune.spec.model import ModelSpec
-from attune.spec.placement import stage_layer_counts, virtual_stage_counts
 from attune.spec.rules import check
 from attune.spec.textio import load_yaml, read_text
 from attune.spec.validation import one_line

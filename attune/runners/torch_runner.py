@@ -27,8 +27,20 @@ from dataclasses import replace
 from pathlib import Path
 
 from attune.errors import require
-from attune.runners.base import (FAILED, LOG_FILE, LOG_TAIL_CHARS, OK, OOM, TIMEOUT, Capabilities, Rerun, Runner,
-                                 TrialResult, TrialSpec, step_time_stats)
+from attune.runners.base import (
+    FAILED,
+    LOG_FILE,
+    LOG_TAIL_CHARS,
+    OK,
+    OOM,
+    TIMEOUT,
+    Capabilities,
+    Rerun,
+    Runner,
+    TrialResult,
+    TrialSpec,
+    step_time_stats,
+)
 from attune.runners.locks import DeviceLock, device_names
 from attune.runners.procs import run_logged
 from attune.runners.torch_spec import encode_spec, ep_refusal

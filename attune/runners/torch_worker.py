@@ -282,8 +282,6 @@ class Trainer:
             off += g.numel()
 
     def build(self) -> None:
-        torch = self.torch
-
         L, w = self.layout, self.wl
         counts = stage_layer_counts(L, self.model.num_layers)
         start = sum(counts[: self.stage])

@@ -27,11 +27,11 @@ import numpy as np
 from attune.errors import SearchSpaceError
 from attune.estimator import estimate, estimate_parts
 from attune.estimator.coefficients import Coefficients
+from attune.search.space import SearchSpace, layout_features, layout_key, params_key
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec
-from attune.search.space import SearchSpace, layout_features, layout_key, params_key
 
 # layouts whose predicted throughput is below this fraction of the best predicted fit are left out of the
 # coefficient sensitivities (no plausible recalibration, a few tens of percent per coefficient, lifts them to

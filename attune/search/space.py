@@ -7,7 +7,6 @@ bundled name or a path to your own YAML file.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -19,20 +18,19 @@ import numpy as np
 import optuna
 from pydantic import ValidationError
 
-from attune.errors import SearchSpaceError
-
+from attune.errors import LayoutError, SearchSpaceError
+from attune.search.spacefile import IntRange, SpaceFile
 from attune.spec.engine import Engine
-from attune.spec.layout import Layout, Workload
-from attune.errors import LayoutError
-from attune.spec.rules import check, layout_string_refusal
-from attune.spec.placement import stage_layer_counts
 from attune.spec.identity import KEY_DERIVED_FIELDS, layout_from_dict, layout_key  # noqa: F401 (re-exported)
-from attune.spec.knob_registry import GENERIC, GENERIC_DENSE, KNOBS as REGISTRY, KnobContext
-from attune.spec.pipeline_layout import layout_string
+from attune.spec.knob_registry import GENERIC, GENERIC_DENSE, KnobContext
+from attune.spec.knob_registry import KNOBS as REGISTRY
+from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec
+from attune.spec.pipeline_layout import layout_string
+from attune.spec.placement import stage_layer_counts
+from attune.spec.rules import check, layout_string_refusal
 from attune.spec.textio import load_yaml, read_text
 from attune.spec.validation import one_line
-from attune.search.spacefile import IntRange, SpaceFile
 
 # The tables below are generated from the knob registry (attune.spec.knob_registry.KNOBS: each knob declared once)
 # knob -> kind: "choice" (a list of values) or "int" ({low, high}), for the knobs a space may search

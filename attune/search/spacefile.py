@@ -13,10 +13,21 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr, \
-    create_model, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    create_model,
+    model_validator,
+)
 
-from attune.spec.knob_registry import KNOBS, IntSpan, Knob, Modules, knob as knob_decl
+from attune.spec.knob_registry import KNOBS, IntSpan, Knob, Modules
+from attune.spec.knob_registry import knob as knob_decl
 
 __all__ = ["SpaceFile", "Knobs", "Fixed", "IntRange", "MAX_INT_RANGE", "MAX_CHOICES", "MAX_SPACE_SIZE",
            "MODULE_LIST_VALUES"]

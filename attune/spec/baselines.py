@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 import shlex
+from dataclasses import replace
 from importlib import resources
 
 import yaml
 
+from attune.errors import LayoutError
 from attune.spec.engine import Engine
+from attune.spec.flags import flag_parser, from_flags
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
-from attune.errors import LayoutError
+from attune.spec.model import ModelSpec
 from attune.spec.placement import stage_layer_counts
 from attune.spec.rules import check
-from attune.spec.flags import flag_parser, from_flags
-from attune.spec.model import ModelSpec
 
 
 def load_baselines() -> dict:

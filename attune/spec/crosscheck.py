@@ -8,11 +8,10 @@ here (its counts are checked against the reference's hand count and the torch ru
 
 from __future__ import annotations
 
-from attune.errors import AttuneError
-
-import warnings
 import socket
+import warnings
 
+from attune.errors import AttuneError
 from attune.spec.model import ModelSpec
 
 
@@ -33,9 +32,9 @@ def megatron_param_count(model: ModelSpec) -> int:
         import torch.distributed as dist
         import torch.nn.functional as F
         from megatron.core import parallel_state
-        from megatron.core.models.gpt import GPTModel
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-        from megatron.core.transformer.transformer_config import TransformerConfig
+        from megatron.core.models.gpt import GPTModel  # noqa: F401 (the extra's presence, checked up front)
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  # noqa: F401
+        from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: F401
     except ImportError as e:
         raise CrossCheckError(f"the cross-check needs the optional extra: pip install 'attune[megatron]' ({e.name})") from None
     if model.traits.crosscheck_refusal:

@@ -28,6 +28,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from attune.errors import FlagError, LayoutError
+
 from .engine import Engine
 from .flag_data import TABLE_FILE, engine_choices, raw_table
 from .layout import Layout, Workload

@@ -6,11 +6,11 @@ for bandwidths, USD per GPU-hour for prices. Bandwidths are per direction.
 
 from __future__ import annotations
 
-from attune.errors import HardwareError
-
 import os
 import re
 from dataclasses import dataclass, replace
+
+from attune.errors import HardwareError
 
 GiB = 2**30
 

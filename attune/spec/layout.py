@@ -8,7 +8,7 @@ Megatron-LM / slime flags in and out in ``attune.spec.flags``.
 from __future__ import annotations
 
 import zlib
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 from attune.errors import LayoutError

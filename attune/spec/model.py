@@ -27,24 +27,21 @@ Reference: shared/reference/slime-and-qwen.md section 3.1 (Qwen3.6-27B: 25,623,9
 from __future__ import annotations
 
 import functools
-
-from attune.errors import ModelError
-from attune.spec.hfconfig import check_hf_config
-from attune.spec.textio import read_text
-from attune.spec import families  # noqa: F401 - registers the plug-in families (attune.spec.families)
-from attune.spec.family_registry import Family, by_hf_type, for_mlp, get as get_family, hf_types, moe_hf_types
-from attune.spec.layer_kinds import DENSE, FULL, LINEAR, SLIDING, is_dense_kind, mixer_of
-from attune.spec.mla import MLASpec
-from attune.spec.moe import MoESpec
-
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
 
-
-
+from attune.errors import ModelError
+from attune.spec import families  # noqa: F401 - registers the plug-in families (attune.spec.families)
+from attune.spec.family_registry import Family, by_hf_type, for_mlp, hf_types, moe_hf_types
+from attune.spec.family_registry import get as get_family
+from attune.spec.hfconfig import check_hf_config
+from attune.spec.layer_kinds import DENSE, FULL, LINEAR, SLIDING, is_dense_kind, mixer_of
+from attune.spec.mla import MLASpec
+from attune.spec.moe import MoESpec
+from attune.spec.textio import read_text
 
 __all__ = ["DENSE", "FULL", "LINEAR", "SLIDING", "is_dense_kind", "mixer_of", "LayerParams", "ModelSpec",
            "from_hf_config", "from_geometry", "load_model", "bundled_names"]

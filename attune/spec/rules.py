@@ -7,15 +7,16 @@ them as one ``LayoutError``. Both the flag parser, the recipe validator and the 
 from __future__ import annotations
 
 from attune.errors import LayoutError
+
 from .engine import Engine
 from .flag_data import engine_choices
+from .knobs import MLA_ONLY, MOE_ONLY, OFFLOAD_MODULES, RECOMPUTE_MODULES
 from .layout import Layout, Workload
 from .model import ModelSpec
 from .moe import moe_rules
-from .knobs import MLA_ONLY, MOE_ONLY, OFFLOAD_MODULES, RECOMPUTE_MODULES
 from .pipeline_layout import check_layout_string
-from .precision import precision_rules
 from .placement import stage_layer_counts, virtual_stage_counts
+from .precision import precision_rules
 
 
 def check(layout: Layout, model: ModelSpec, world_size: int, workload: Workload, engine: Engine) -> list[str]:

@@ -35,17 +35,25 @@ refused with one line rather than changed on the node.
 
 from __future__ import annotations
 
-from attune.errors import ClusterFileError
-
 import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError,
-                      ValidationInfo, field_validator)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
+from attune.errors import ClusterFileError
 from attune.runners.shell import ShellValueError, check_ray_literal
 from attune.spec.hardware import Cluster, parse_cluster
 from attune.spec.textio import load_yaml, read_text

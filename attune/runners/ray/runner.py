@@ -25,8 +25,17 @@ from pathlib import Path
 from typing import ClassVar
 
 from attune.errors import RunnerError
-from attune.runners.base import (FAILED, LOG_FILE, LOG_TAIL_CHARS, TIMEOUT, Capabilities, Rerun, Runner, TrialResult,
-                                 TrialSpec)
+from attune.runners.base import (
+    FAILED,
+    LOG_FILE,
+    LOG_TAIL_CHARS,
+    TIMEOUT,
+    Capabilities,
+    Rerun,
+    Runner,
+    TrialResult,
+    TrialSpec,
+)
 from attune.runners.ray import torch_job
 from attune.runners.ray.cluster import DEFAULT_SLOT_RESOURCE, ClusterConfig, load_cluster
 from attune.runners.ray.jobs import JobOutcome, RayJobs, submission_id

@@ -50,10 +50,10 @@ from attune.runners.shell import bash_c, ray_env_vars, word
 from attune.spec.engine import get_engine
 from attune.spec.family_registry import launchable
 from attune.spec.flags import table_describes, to_flags
-from attune.spec.precision import hardware_refusal, slime_env
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec
+from attune.spec.precision import hardware_refusal, slime_env
 from attune.spec.rules import check
 
 __all__ = ["LaunchCommand", "LaunchError", "ShellText", "model_args", "slime_command", "command_for_recipe",

@@ -28,17 +28,27 @@ import shlex
 from pathlib import Path
 
 from attune.errors import UserInputError
-from attune.runners.base import (FAILED, LOG_TAIL_CHARS, OK, OOM, TIMEOUT, Capabilities, Rerun, TrialResult, TrialSpec,
-                                 step_time_stats)
-from attune.runners.ray.runner import RayJob, RayPayload, RayRunner
+from attune.runners.base import (
+    FAILED,
+    LOG_TAIL_CHARS,
+    OK,
+    OOM,
+    TIMEOUT,
+    Capabilities,
+    Rerun,
+    TrialResult,
+    TrialSpec,
+    step_time_stats,
+)
 from attune.runners.ray.jobs import JobOutcome
+from attune.runners.ray.runner import RayJob, RayPayload, RayRunner
 from attune.runners.slime.launch import LaunchError, launch_versions, slime_command, stage_of_rank
 from attune.runners.slime.logparse import CrashInfo, SlimeRun, parse_slime_log
 from attune.runners.slime.preflight import PreflightFailed, run_preflight
+from attune.runners.slime.tbscalars import scalars_from_log, train_metrics
 from attune.spec.flags import to_flags
 from attune.spec.hardware import Cluster
 from attune.spec.model import ModelSpec
-from attune.runners.slime.tbscalars import scalars_from_log, train_metrics
 
 __all__ = ["SlimeRunner", "SlimePayload", "slime_result", "slime_rerun", "slime_run", "crash_stage",
            "SLIME_CAPABILITIES"]

@@ -191,7 +191,7 @@ def probe() -> dict[str, Any]:
         result["python"] = platform.python_version()
     except BaseException:
         result["python"] = None
-    for key, fn in (
+    for _key, fn in (
         ("torch", _torch_info),
         ("nvml", _nvml),
     ):

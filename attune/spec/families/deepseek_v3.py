@@ -18,8 +18,8 @@ MoE arguments with the frozen expert bias (``attune.spec.moe.moe_model_args``).
 from __future__ import annotations
 
 from attune.errors import ModelError
-from attune.spec.family_registry import Family, register
 from attune.spec.families._hf import flt, moe_basics, moe_pattern, need, num, rope_base, without_experts
+from attune.spec.family_registry import Family, register
 from attune.spec.mla import mla_from_hf, mla_model_args
 from attune.spec.moe import MoESpec, moe_model_args
 

@@ -15,8 +15,8 @@ list (a fraction of a percent of a layer's time); their parameters and optimizer
 
 from __future__ import annotations
 
-from attune.spec.family_registry import Family, register
 from attune.spec.families._hf import dense_geometry, num
+from attune.spec.family_registry import Family, register
 
 NAME = "glm4"
 

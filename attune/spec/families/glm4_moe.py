@@ -17,8 +17,8 @@ layout writes them). Flags slime leaves at Megatron-LM's default (``--norm-epsil
 from __future__ import annotations
 
 from attune.errors import ModelError
-from attune.spec.family_registry import Family, register
 from attune.spec.families._hf import deepseek_style_moe, need, num, rope_theta, silu_only, slime_layer_freq
+from attune.spec.family_registry import Family, register
 
 NAME = "glm4_moe"
 MEGATRON_NORM_EPS = 1e-5  # Megatron-LM --norm-epsilon default (arguments.py _add_network_size_args)

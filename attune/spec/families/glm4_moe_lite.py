@@ -13,8 +13,8 @@ slime's MODEL_ARGS: scripts/models/glm4.7-30B-A3B.sh at 624b824a, in its order (
 
 from __future__ import annotations
 
-from attune.spec.family_registry import Family, register
 from attune.spec.families._hf import deepseek_style_moe, glm_moe_router_args, need, num, rope_theta, silu_only
+from attune.spec.family_registry import Family, register
 from attune.spec.mla import mla_from_hf
 
 NAME = "glm4_moe_lite"

@@ -26,9 +26,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from attune.errors import ModelError
-from attune.spec.family_registry import Family, register
 from attune.spec.families import glm4_moe_lite
 from attune.spec.families._hf import glm_moe_router_args, need, num
+from attune.spec.family_registry import Family, register
 
 NAME = "glm_moe_dsa"
 

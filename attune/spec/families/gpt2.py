@@ -11,8 +11,8 @@ OpenAI's tanh form (HF gpt2's ``gelu_new``: ``--openai-gelu``; Megatron's defaul
 
 from __future__ import annotations
 
-from attune.spec.family_registry import Family, register
 from attune.spec.families._hf import need, num
+from attune.spec.family_registry import Family, register
 
 NAME = "gpt2"
 

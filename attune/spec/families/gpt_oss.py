@@ -13,8 +13,8 @@ SwiGLU) are not in attune's flag table's sources to check.
 from __future__ import annotations
 
 from attune.errors import ModelError
-from attune.spec.family_registry import Family, register
 from attune.spec.families._hf import moe_basics, need, rope_base, without_experts
+from attune.spec.family_registry import Family, register
 from attune.spec.moe import MoESpec
 
 NAME = "gpt_oss"

@@ -14,8 +14,8 @@ llama3.1-8B-Instruct.sh and llama3.2-3B-Instruct.sh at 624b824a, plus slime's Mo
 
 from __future__ import annotations
 
-from attune.spec.family_registry import Family, register
 from attune.spec.families._hf import flt, llama_style, moe_basics, num, qwen_moe_pattern, without_experts
+from attune.spec.family_registry import Family, register
 from attune.spec.moe import MoESpec, moe_model_args
 
 NAME = "llama"

@@ -11,8 +11,8 @@ slime's MODEL_ARGS: scripts/models/mimo-7B-rl.sh at 624b824a, in its order, less
 
 from __future__ import annotations
 
-from attune.spec.family_registry import Family, register
 from attune.spec.families._hf import dense_geometry, num
+from attune.spec.family_registry import Family, register
 
 NAME = "mimo"
 

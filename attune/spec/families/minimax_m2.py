@@ -18,8 +18,8 @@ repeated here.
 from __future__ import annotations
 
 from attune.errors import ModelError
-from attune.spec.family_registry import Family, register
 from attune.spec.families._hf import need, num, rope_theta, silu_only
+from attune.spec.family_registry import Family, register
 from attune.spec.moe import MoESpec
 
 NAME = "minimax_m2"

@@ -12,8 +12,8 @@ No slime launch: slime ships no Nemotron model script at 624b824a.
 from __future__ import annotations
 
 from attune.errors import ModelError
-from attune.spec.family_registry import Family, register
 from attune.spec.families._hf import need
+from attune.spec.family_registry import Family, register
 
 NAME = "nemotron"
 

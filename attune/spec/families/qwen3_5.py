@@ -21,8 +21,8 @@ GDN), and slime's Qwen3.5 spec refuses ``--pipeline-model-parallel-layout``.
 from __future__ import annotations
 
 from attune.errors import ModelError
-from attune.spec.family_registry import Family, register
 from attune.spec.families._hf import llama_style, moe_basics, n_experts, need, num, qwen_moe_pattern, without_experts
+from attune.spec.family_registry import Family, register
 from attune.spec.layer_kinds import FULL, LINEAR
 from attune.spec.moe import MoESpec, moe_model_args
 

@@ -357,8 +357,8 @@ def load_targets(targets):
 
 def summary(results, strategies, trials) -> str:
     cap = trials + 1
-    lines = [f"| strategy | median trials to 2% | p90 trials | median GPU-h to 2% | p90 GPU-h | "
-             f"mean regret @5 | mean regret @10 | OOM trials (mean) |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| strategy | median trials to 2% | p90 trials | median GPU-h to 2% | p90 GPU-h | "
+             "mean regret @5 | mean regret @10 | OOM trials (mean) |", "|---|---|---|---|---|---|---|---|"]
     for s in strategies:
         m = results[s]
         tr = [x["trials"] for x in m]
@@ -380,6 +380,9 @@ def main(argv=None) -> int:
     ap.add_argument("--first-world", type=int, default=0,
                     help="number of the first world per target (worlds are seeded by target and number: a held-out "
                          "check runs numbers past those the default run reports)")
+    ap.add_argument("--held-out-from", type=int, default=None,
+                    help="also report the worlds numbered below this and from this on apart (tuned and held-out "
+                         "worlds of one run: the targets' spaces are scored once)")
     ap.add_argument("--trials", type=int, default=10, help="measured trials per strategy and world")
     ap.add_argument("--jobs", type=int, default=default_workers(), help="worker processes (one world each)")
     ap.add_argument("--out", default=str(Path(__file__).parent))
@@ -390,38 +393,49 @@ def main(argv=None) -> int:
     targets = STRUCTURAL_TARGETS if structural else TARGETS
     strategies = STRUCTURAL_STRATEGIES if structural else STRATEGIES
     load_targets(targets)
-    results = {s: [] for s in strategies}
-    claims = []
+    per_world = []  # (target number, world number, {strategy: metrics}, claim tuple or None)
     jobs = [(ti, w, a.trials) for ti in range(len(targets)) for w in range(a.first_world, a.first_world + a.worlds)]
     fn = run_structural_world if structural else run_world
     with ProcessPoolExecutor(max_workers=max(1, a.jobs), mp_context=multiprocessing.get_context("fork")) as pool:
         for out in pool.map(fn, jobs):
             ti, w, best, m = out[:4]
-            for s in strategies:
-                results[s].append(m[s])
-            extra = ""
+            extra, claim = "", None
             if structural:
                 info = out[4]
                 d = m[strategies[0]]
-                claims.append((info["claimed"], d["final"], d["n"], info["stop_kind"], ti))
+                claim = (info["claimed"], d["final"], d["n"], info["stop_kind"], ti)
                 extra = (f"; default: {d['n']} trials, stop {info['stop_kind']}, claimed regret "
                          f"{100 * (info['claimed'] or 0):.2f}% vs actual {100 * d['final']:.2f}%, "
                          f"{info['edge_steps']} edge steps, {info['wall_s']:.0f} s; best's margin "
                          f"{100 * info['margin']:.1f}% of capacity")
-            print(f"  {targets[ti][0]} world {w}: best {best:,.0f} tokens/s/GPU; trials to 2% / regret@10 / OOMs: "
-                  + ", ".join(f"{s.split(' ')[0]}={m[s]['trials']}/{100 * m[s]['r10']:.2f}%/{m[s]['ooms']}oom"
-                              for s in strategies) + extra + f" ({time.time() - t0:.0f} s)", flush=True)
-    n = len(results[strategies[0]])
-    print(f"\n{n} {a.kind} worlds, {a.trials} trials each, {time.time() - t0:.0f} s\n\n"
-          + summary(results, strategies, a.trials))
-    if structural:
-        for ti, (mname, gpus, _) in enumerate(targets):
-            sub = {s: [x for x, c in zip(results[s], claims) if c[4] == ti] for s in strategies}
-            print(f"\n{mname} on {gpus}:\n" + summary(sub, strategies, a.trials))
-        ok = sum(1 for c, act, *_ in claims if c is not None and c >= act - 0.01)
-        print(f"\nstop rule: claimed remaining regret >= actual regret - 1% in {ok} of {len(claims)} worlds; "
-              f"stopped by rule in {sum(1 for c in claims if c[3] == 'rule')}; trials used: median "
-              f"{statistics.median(c[2] for c in claims):.0f}, max {max(c[2] for c in claims)}")
+            per_world.append((ti, w, m, claim))
+            print(f"  {targets[ti][0]} world {w}: best {best:,.0f} tokens/s/GPU; trials to 2% / regret@5 / regret@10 / "
+                  "OOMs: " + ", ".join(f"{s.split(' ')[0]}={m[s]['trials']}/{100 * m[s]['r5']:.2f}%/"
+                                       f"{100 * m[s]['r10']:.2f}%/{m[s]['ooms']}oom" for s in strategies)
+                  + extra + f" ({time.time() - t0:.0f} s)", flush=True)
+    groups = [("all", per_world)]
+    if a.held_out_from is not None:
+        groups += [(f"worlds below {a.held_out_from} (tuned on)", [x for x in per_world if x[1] < a.held_out_from]),
+                   (f"worlds {a.held_out_from} and above (held out)", [x for x in per_world if x[1] >= a.held_out_from])]
+    for gname, sel in groups:
+        if not sel:
+            continue
+        results = {s: [x[2][s] for x in sel] for s in strategies}
+        print(f"\n{gname}: {len(sel)} {a.kind} worlds, {a.trials} trials each, {time.time() - t0:.0f} s\n\n"
+              + summary(results, strategies, a.trials))
+        if structural:
+            claims = [x[3] for x in sel]
+            for ti, (mname, gpus, _) in enumerate(targets):
+                sub = {s: [x[2][s] for x in sel if x[0] == ti] for s in strategies}
+                if sub[strategies[0]]:
+                    print(f"\n{mname} on {gpus}:\n" + summary(sub, strategies, a.trials))
+            ok = sum(1 for c, act, *_ in claims if c is not None and c >= act - 0.01)
+            print(f"\nstop rule: claimed remaining regret >= actual regret - 1% in {ok} of {len(claims)} worlds; "
+                  f"stopped by rule in {sum(1 for c in claims if c[3] == 'rule')}; trials used: median "
+                  f"{statistics.median(c[2] for c in claims):.0f}, max {max(c[2] for c in claims)}; claimed regret "
+                  f"mean {100 * statistics.mean(c[0] or 0 for c in claims):.2f}%, actual mean "
+                  f"{100 * statistics.mean(c[1] for c in claims):.2f}%")
+    results = {s: [x[2][s] for x in per_world] for s in strategies}
     name = "search_efficiency_structural" if structural else "search_efficiency"
     plot(results, Path(a.out) / (name + (f"_from{a.first_world}" if a.first_world else "") + ".png"), a.trials)
     return 0

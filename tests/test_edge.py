@@ -134,3 +134,28 @@ def test_the_memory_model_learns_from_peaks_and_ooms_and_is_least_sure_near_capa
     mm = memory_model([Measurement(layout=table.layouts[oom], oom_stage=0)], ctx, cap, shipped)
     mu, _ = mm.predict([table.stage_gib[oom][0]], 0, pp=4)
     assert mu[0] > cap
+
+
+def test_an_oom_is_a_censored_peak_the_stage_needed_the_expected_excess_over_capacity(tmp_path):
+    """A stage predicted under capacity that ran out of memory: the memory model takes the expected excess of a
+    peak known only to exceed capacity (the prior's predictive truncated at capacity: several GiB with a ~5%
+    prior), not just capacity, so a neighbour a GiB or two lighter is still predicted over capacity; a stage
+    the model already puts well over capacity learns (almost) nothing from running out."""
+    from attune.search.recalibrate import Measurement, memory_model
+    cfg, table = _setup(tmp_path)
+    shipped = coefficients_for(cfg.cluster.gpu)
+    ctx = (cfg.model, cfg.cluster, cfg.workload, cfg.engine)
+    cap = cfg.cluster.gpu.capacity_gib
+    oom = _row(table, "TP1 PP4 16/14 DP2 Rb11 mt8192")
+    p0 = table.stage_gib[oom][0]
+    assert p0 < cap  # predicted to fit
+    mm = memory_model([Measurement(layout=table.layouts[oom], oom_stage=0)], ctx, cap, shipped)
+    mu, sd = mm.predict([p0, p0 - 2.0], 0, pp=4)
+    assert mu[0] > cap + 3.0 and mu[1] > cap
+    assert sd[0] > 2.0  # how far over is not measured: the spread stays wide
+    # a stage predicted 30 GiB over capacity: running out says nothing new
+    far = [r for r in range(len(table)) if table.layouts[r].pp == 4 and table.stage_gib[r][0] > cap + 30.0]
+    assert far
+    p1 = table.stage_gib[far[0]][0]
+    mm1 = memory_model([Measurement(layout=table.layouts[far[0]], oom_stage=0)], ctx, cap, shipped)
+    assert abs(mm1.predict([p0], 0, pp=4)[0][0] - p0) < 1.0 < p1 - cap

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import least_squares
+from scipy.special import log_ndtr
 
 from attune.estimator import estimate
 from attune.estimator.coefficients import Coefficients
@@ -39,12 +40,11 @@ MEMORY_PRIOR_FRACTION, MEMORY_POSITION_FRACTION, MEMORY_NOISE_GIB = 0.05, 0.01, 
 OOM_MARGIN_GIB = 0.25
 POSITIONS = ("first", "middle", "last")
 # the per-stage memory correction (`MemoryModel`, issue 20): prior standard deviation of the relative error of a
-# predicted stage peak (the calibration's peak-memory MAPE is 4.9%, `attune calibrate` on memory.yaml), the
-# spread of a real OOM taken as a censored peak at capacity + OOM_MARGIN_GIB (GiB), and the allocator's extra
-# spread near capacity: up to MEMORY_EDGE_GIB within MEMORY_EDGE_FRACTION of capacity (PyTorch's caching
-# allocator splits and retries blocks when nearly full: fragmentation then varies more between runs; an
-# assumption of 1 GiB on a 140 GiB GPU, twice MEMORY_NOISE_GIB)
-MEMORY_SCALE_SD, OOM_NOISE_GIB = 0.05, 0.5
+# predicted stage peak (the calibration's peak-memory MAPE is 4.9%, `attune calibrate` on memory.yaml) and the
+# allocator's extra spread near capacity: up to MEMORY_EDGE_GIB within MEMORY_EDGE_FRACTION of capacity
+# (PyTorch's caching allocator splits and retries blocks when nearly full: fragmentation then varies more between
+# runs; an assumption of 1 GiB on a 140 GiB GPU, twice MEMORY_NOISE_GIB)
+MEMORY_SCALE_SD = 0.05
 # a pipeline depth's own memory offset (in-flight microbatches and buffers the model prices per PP degree), as a
 # fraction of capacity: a share of the calibration's 4.9% peak MAPE; PP degrees 1, 2, 4, ... 2^(PP_LEVELS - 1)
 MEMORY_PP_FRACTION, PP_LEVELS = 0.02, 7
@@ -227,7 +227,7 @@ def memory_model(measurements: list[Measurement], ctx: tuple, capacity_gib: floa
         pred = [s.total_gib for s in e.memory.stages]
         pp = len(pred)
 
-        def pos(s):
+        def pos(s, pp=pp):
             return 0 if s == 0 else 2 if s == pp - 1 else 1
 
         peaks = list(enumerate(m.stage_peak_gib or []))
@@ -253,15 +253,25 @@ def memory_model(measurements: list[Measurement], ctx: tuple, capacity_gib: floa
 
     rows = [(p, k, single, y, pp, MEMORY_NOISE_GIB) for p, k, single, y, pp in obs]
     mean, cov = fit(rows)
-    # a real OOM: that stage needed more than capacity; where the model does not say so yet, it is a peak at
-    # capacity + OOM_MARGIN_GIB (a censored observation)
-    for _ in range(3):
+    # a real OOM: that stage's peak in that run exceeded capacity, by an amount the run does not say (a censored
+    # observation). Each OOM in turn (assumed density filtering): the model's predictive N(m, s) of that peak,
+    # truncated to > capacity, gives the mean and variance of the peak; the Gaussian pseudo-observation with those
+    # moments (ytilde, noise tau) joins the fit. A stage predicted well under capacity that ran out is thus taken
+    # as needing the prior's expected excess over capacity (often several GiB), not just capacity, and its
+    # neighbours a few GiB lighter stay uncertain; one already predicted over capacity adds (almost) nothing.
+    for p, k, single, pp in ooms:
         mm = MemoryModel(mean=mean, cov=cov, capacity_gib=capacity_gib)
-        extra = [(p, k, single, capacity_gib + OOM_MARGIN_GIB, pp, OOM_NOISE_GIB) for p, k, single, pp in ooms
-                 if mm.predict(np.array([p]), k, np.array([single]), pp)[0][0] < capacity_gib + OOM_MARGIN_GIB]
-        if not extra:
-            break
-        rows += extra
+        m, s = mm.predict(np.array([p]), k, np.array([single]), pp)
+        m, s = float(m[0]), float(s[0])
+        a = (capacity_gib - m) / s
+        lam = math.exp(-0.5 * a * a - 0.5 * math.log(2 * math.pi) - float(log_ndtr(-a)))  # phi(a) / Q(a)
+        e, v = m + s * lam, s * s * max(1.0 + a * lam - lam * lam, 1e-9)
+        if s * s - v <= 1e-9 * s * s:
+            continue
+        tau2 = s * s * v / (s * s - v)
+        x = MemoryModel.design(np.array([p]), k, pp, single)[0]
+        run2 = s * s - float(x @ cov @ x)  # the run's own spread (allocator noise, edge), not the model's
+        rows.append((p, k, single, m + (e - m) * (s * s + tau2) / (s * s), pp, math.sqrt(tau2 + max(run2, 0.0))))
         mean, cov = fit(rows)
     return MemoryModel(mean=mean, cov=cov, capacity_gib=capacity_gib)
 

@@ -40,22 +40,35 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import optuna
 
 from attune.errors import LayoutError, UserInputError
 from attune.estimator import Estimate, estimate
 from attune.estimator.coefficients import Coefficients, coefficients_for
 from attune.runners.base import FAILED, OK, OOM, Runner, TrialResult, TrialSpec
-from attune.search.records import (
-    INTERRUPTED, KIND_DUP, KIND_EST, KIND_INVALID, KIND_LOST, KIND_OOM, KIND_RULE, KIND_SLOW, LOG_TAIL_CHARS, REASON_CHARS,
-    ROLE_BASELINE, ROLE_CANDIDATE, StudyCounts, TrialRecord, records)
-from attune.search.options import SAMPLERS, TuneOptions
 from attune.search.coordination import claim_key, contest, new_measured_trial, pending_retries, slots
-from attune.search.storage import BadStorageURL, StorageHandle, StorageUnavailable, mask_url, open_storage
+from attune.search.options import SAMPLERS, TuneOptions
+from attune.search.records import (
+    INTERRUPTED,
+    KIND_DUP,
+    KIND_EST,
+    KIND_INVALID,
+    KIND_LOST,
+    KIND_OOM,
+    KIND_RULE,
+    KIND_SLOW,
+    LOG_TAIL_CHARS,
+    REASON_CHARS,
+    ROLE_BASELINE,
+    ROLE_CANDIDATE,
+    StudyCounts,
+    TrialRecord,
+    records,
+)
 from attune.search.sampler import ModelGuidedSampler
 from attune.search.scoring import score_space
 from attune.search.space import SearchSpace, layout_key
+from attune.search.storage import BadStorageURL, StorageHandle, StorageUnavailable, mask_url, open_storage
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload

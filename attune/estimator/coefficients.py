@@ -262,4 +262,9 @@ def coefficients_for(gpu: GPU) -> Coefficients:
 def peak_ratio(gpu: GPU, coef: Coefficients) -> float:
     """Sustained over nominal tensor-core peak of ``gpu``: ``blackwell_ultra_compute_ratio`` on Blackwell Ultra parts,
     1 elsewhere (the datasheet peak is what the GEMM efficiencies are fractions of)."""
-    return coef.blackwell_ultra_compute_ratio if gpu.blackwell_ultra else 1.0
+    if not gpu.blackwell_ultra:
+        return 1.0
+    # the bound's own argument per part: SMs x board power, 160/148 x 1,400/1,200 W for GB300 over GB200 (rack-scale
+    # NVLink domain), 160/148 x 1,100/1,000 W for B300 over B200 (HGX) (the sources in the field's comment)
+    cap = 160 / 148 * (1400 / 1200 if gpu.nvlink_domain > gpu.gpus_per_node else 1100 / 1000)
+    return min(coef.blackwell_ultra_compute_ratio, cap)

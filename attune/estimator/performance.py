@@ -279,7 +279,10 @@ def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, wor
                     parts["fwd_" + key] += ch.moe * moe_t["fwd_" + key]
                     parts["bwd_" + key] += ch.moe * moe_t["bwd_" + key]
                 parts["recompute"] += k_moe * (moe_t["fwd_gemm"] + moe_t["fwd_memory"])
-                parts["ep_comm"] += (ch.moe + k_moe) * moe_t["ep_fwd"] + ch.moe * moe_t["ep_bwd"]
+                # microbatches the a2a overlap cannot pair run their dispatch / combine alone (moe.ep_overlap_unpaired)
+                u = moe_terms.ep_overlap_unpaired(layout, m, r)
+                ep_f, ep_b = ((1 - u) * moe_t["ep_" + d] + u * moe_t["ep_" + d + "_alone"] for d in ("fwd", "bwd"))
+                parts["ep_comm"] += (ch.moe + k_moe) * ep_f + ch.moe * ep_b
                 # the host launch time a MoE layer's routing sync exposes (attune.estimator.moe.host_exposed_s)
                 mk = [(kk, n) for kk, n in kinds if not is_dense_kind(kk)] or list(kinds)
                 dense_fwd = sum(n * sum(times[kk][x] for x in ("fwd_gemm", "fwd_attention", "fwd_gdn", "fwd_memory",

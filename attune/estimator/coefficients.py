@@ -140,7 +140,8 @@ class Coefficients:
         "datasheet shares with B200 / GB200: 160 vs 148 SMs under a 1,400 vs 1,200 W (GB300 / GB200; B300 / B200: "
         "1,100 / 1,000 W) power limit, and twice the SFU exponent rate for softmax (NVIDIA Technical Blog 'Inside "
         "NVIDIA Blackwell Ultra', Aug 2025; GB300 NVL72 and DGX B300 datasheets). Source value 1.0 (the datasheets' "
-        "peaks); upper bound 160/148 x 1,400/1,200 ~ 1.26 (clock headroom times SMs) [range, fitted to the MoE rows: "
+        "peaks); upper bound 160/148 x 1,400/1,200 ~ 1.26 (clock headroom times SMs; GB300), on B300 capped at "
+        "160/148 x 1,100/1,000 ~ 1.19 by ``peak_ratio`` [range, fitted to the MoE rows: "
         "the corpus's only Blackwell Ultra rows]", bounds=(1.0, 1.26), moe=True)
     moe_host_layer_s: float = _c(
         5e-3, "s per MoE layer forward", "CPU time to launch one MoE layer's forward in eager mode (norms, attention, "

@@ -140,7 +140,8 @@ class Coefficients:
         "datasheet shares with B200 / GB200: 160 vs 148 SMs under a 1,400 vs 1,200 W (GB300 / GB200; B300 / B200: "
         "1,100 / 1,000 W) power limit, and twice the SFU exponent rate for softmax (NVIDIA Technical Blog 'Inside "
         "NVIDIA Blackwell Ultra', Aug 2025; GB300 NVL72 and DGX B300 datasheets). Source value 1.0 (the datasheets' "
-        "peaks); upper bound 160/148 x 1,400/1,200 ~ 1.26 (clock headroom times SMs) [range, fitted to the MoE rows: "
+        "peaks); upper bound 160/148 x 1,400/1,200 ~ 1.26 (clock headroom times SMs; GB300), on B300 capped at "
+        "160/148 x 1,100/1,000 ~ 1.19 by ``peak_ratio`` [range, fitted to the MoE rows: "
         "the corpus's only Blackwell Ultra rows]", bounds=(1.0, 1.26), moe=True)
     moe_host_layer_s: float = _c(
         5e-3, "s per MoE layer forward", "CPU time to launch one MoE layer's forward in eager mode (norms, attention, "
@@ -262,4 +263,9 @@ def coefficients_for(gpu: GPU) -> Coefficients:
 def peak_ratio(gpu: GPU, coef: Coefficients) -> float:
     """Sustained over nominal tensor-core peak of ``gpu``: ``blackwell_ultra_compute_ratio`` on Blackwell Ultra parts,
     1 elsewhere (the datasheet peak is what the GEMM efficiencies are fractions of)."""
-    return coef.blackwell_ultra_compute_ratio if gpu.blackwell_ultra else 1.0
+    if not gpu.blackwell_ultra:
+        return 1.0
+    # the bound's own argument per part: SMs x board power, 160/148 x 1,400/1,200 W for GB300 over GB200 (rack-scale
+    # NVLink domain), 160/148 x 1,100/1,000 W for B300 over B200 (HGX) (the sources in the field's comment)
+    cap = 160 / 148 * (1400 / 1200 if gpu.nvlink_domain > gpu.gpus_per_node else 1100 / 1000)
+    return min(coef.blackwell_ultra_compute_ratio, cap)

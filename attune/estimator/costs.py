@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from attune.spec.engine import Engine
-from attune.spec.model import FULL, LINEAR, SLIDING, DENSE, ModelSpec, mixer_of
+from attune.spec.model import DENSE, FULL, LINEAR, SLIDING, ModelSpec, mixer_of
 
 BF16 = 2  # bytes per bf16/fp16 element
 FP32 = 4  # bytes per fp32 element

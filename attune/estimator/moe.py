@@ -248,13 +248,14 @@ def moe_layer_times(model: ModelSpec, cluster: Cluster, layout: Layout, shape: S
         passes += ALLTOALL_SORT_PASSES
     mem = (passes * R * BF16 * h + 3 * t * moe.experts * FP32 + 3 * R * BF16 * f
            + (EXPERT_BIAS_BYTES * R * h if moe.expert_bias else 0.0)) / hbm
-    ep_fwd = ep_bwd = 0.0
+    ep_fwd = ep_bwd = raw_fwd = raw_bwd = 0.0
     if layout.ep * layout.etp > 1:
         ep_fwd = ep_bwd = 2 * dispatch_seconds(model, cluster, layout, shape, coef)  # dispatch + combine
         if layout.moe_shared_expert_overlap and moe.shared_ffn:
             shared = 2 * t * h * 3 * moe.shared_ffn / max(1, layout.tp if not shape.sp else 1) / (peak * coef.gemm_efficiency)
             ep_fwd = max(0.0, ep_fwd - shared)
             ep_bwd = max(0.0, ep_bwd - 2 * shared)
+        raw_fwd, raw_bwd = ep_fwd, ep_bwd
         if layout.moe_ep_overlap:
             # --overlap-moe-expert-parallel-comm (megatron-core combined 1F1B: one microbatch's dispatch / combine
             # under another's forward / backward compute of the same layer): what the routed experts' compute
@@ -267,7 +268,27 @@ def moe_layer_times(model: ModelSpec, cluster: Cluster, layout: Layout, shape: S
     act = 3 * R * BF16 * f / hbm
     return {"fwd_gemm": gemm + router, "bwd_gemm": 2 * (gemm + router), "fwd_memory": mem,
             "bwd_memory": coef.backward_memory_ratio * mem, "ep_fwd": ep_fwd, "ep_bwd": ep_bwd,
-            "fwd_act_memory": act}
+            "ep_fwd_alone": raw_fwd, "ep_bwd_alone": raw_bwd, "fwd_act_memory": act}
+
+
+def ep_overlap_unpaired(layout: Layout, microbatches: int, rank: int) -> float:
+    """Fraction of one stage's forwards (and as many backwards) that --overlap-moe-expert-parallel-comm cannot pair
+    with another microbatch's backward, so their dispatch / combine runs exposed (``ep_fwd_alone``); 0 without it.
+
+    * PP 1 (``combined_1f1b_schedule_for_no_pipelining``, Megatron-LM 1dcf0daf
+      megatron/core/pipeline_parallel/combined_1f1b.py lines 34-47, 50-67 and 93-95): the first microbatch's forward
+      and the last one's backward run alone: 1 of m.
+    * PP > 1 (VPP required, transformer_config.py lines 1882-1886; schedules.py lines 775-781): the interleaved
+      warm-up forwards, (PP - rank - 1) x 2 + (VPP - 1) x PP + 1 of the m x VPP chunk-microbatches (the
+      microbatch group per VPP stage defaults to PP), and as many cool-down backwards.
+    """
+    if not layout.moe_ep_overlap or microbatches < 1:
+        return 0.0
+    if layout.pp == 1:
+        return 1.0 / microbatches
+    total = microbatches * layout.vpp
+    warmup = (layout.pp - rank - 1) * 2 + (layout.vpp - 1) * layout.pp + 1
+    return min(1.0, warmup / total)
 
 
 def host_exposed_s(gpu_fwd_layer_s: float, engine, coef, local_experts: float = 1.0) -> float:

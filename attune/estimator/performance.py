@@ -15,19 +15,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from .coefficients import Coefficients, coefficients_for, peak_ratio
-from attune.estimator.costs import BF16, FP32, LayerCost, Shape, layer_costs, logits_flops, mtp_gemm
-from attune.estimator import offload as knob_terms
-from attune.estimator.metrics import model_flops_utilization, usd_per_million_tokens
 from attune.estimator import moe as moe_terms
+from attune.estimator import offload as knob_terms
 from attune.estimator import precision as lp_terms
+from attune.estimator import reuse
+from attune.estimator.costs import BF16, FP32, LayerCost, Shape, layer_costs, logits_flops, mtp_gemm
+from attune.estimator.metrics import model_flops_utilization, usd_per_million_tokens
+from attune.estimator.reuse import placement as shared_placement
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
-from attune.spec.placement import Placement, StagePlacement, mtp_kind, stage_params
-from attune.estimator import reuse
-from attune.estimator.reuse import placement as shared_placement
 from attune.spec.model import FULL, LINEAR, ModelSpec, is_dense_kind
+from attune.spec.placement import Placement, StagePlacement, mtp_kind, stage_params
+
+from .coefficients import Coefficients, coefficients_for, peak_ratio
 
 # megatron-core DistributedDataParallelConfig.bucket_size default: max(40,000,000, 1,000,000 x DP) parameters
 DDP_BUCKET_MIN_PARAMS = 40_000_000
@@ -278,7 +279,10 @@ def _pipeline(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Work
                     parts["fwd_" + key] += ch.moe * moe_t["fwd_" + key]
                     parts["bwd_" + key] += ch.moe * moe_t["bwd_" + key]
                 parts["recompute"] += k_moe * (moe_t["fwd_gemm"] + moe_t["fwd_memory"])
-                parts["ep_comm"] += (ch.moe + k_moe) * moe_t["ep_fwd"] + ch.moe * moe_t["ep_bwd"]
+                # microbatches the a2a overlap cannot pair run their dispatch / combine alone (moe.ep_overlap_unpaired)
+                u = moe_terms.ep_overlap_unpaired(layout, m, r)
+                ep_f, ep_b = ((1 - u) * moe_t["ep_" + d] + u * moe_t["ep_" + d + "_alone"] for d in ("fwd", "bwd"))
+                parts["ep_comm"] += (ch.moe + k_moe) * ep_f + ch.moe * ep_b
                 # the host launch time a MoE layer's routing sync exposes (attune.estimator.moe.host_exposed_s)
                 mk = [(kk, n) for kk, n in kinds if not is_dense_kind(kk)] or list(kinds)
                 dense_fwd = sum(n * sum(times[kk][x] for x in ("fwd_gemm", "fwd_attention", "fwd_gdn", "fwd_memory",

@@ -3,6 +3,7 @@ as-is, and one-line errors for bad tables."""
 
 import csv
 import dataclasses
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,21 @@ def test_one_layout_key_accounts_for_every_layout_field(qwen):
     # the split as first/last and as a layout string with the same stage layers: one layout
     assert layout_key(dataclasses.replace(base, first=None, last=None, pipeline_layout="E" + "t" * 15 + "|" + "t" * 17
                                           + "|" + "t" * 17 + "|" + "t" * 15 + "L"), L) == k0
+
+
+def test_a_trial_without_a_folder_leaves_no_folder_behind(tmp_path, monkeypatch, qwen, h200x8, slime):
+    """A spec without ``trial_dir`` runs in a scratch folder that ``Runner.run`` removes (3,615 result folders of
+    benchmark studies were once left in /tmp)."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    p = _write(tmp_path / "m.csv", ["flags", "outcome", "tokens_per_s_per_gpu", "step_time_s"], [[A, "ok", "900", "9"]])
+    r = ReplayRunner(p, model=qwen, world_size=8)
+    spec = TrialSpec(model=qwen, cluster=h200x8, layout=Layout(tp=2, sp=True, pp=2, dp=2), workload=Workload(),
+                     engine=slime)
+    assert r.run(spec).tokens_per_s_per_gpu == 900
+    assert r.run(dataclasses.replace(spec, layout=Layout(tp=4, dp=2))).status == FAILED
+    assert not list(scratch.iterdir())
+    kept = tmp_path / "kept"
+    r.run(dataclasses.replace(spec, trial_dir=kept))
+    assert (kept / "result.json").exists()  # a folder the caller names is the caller's

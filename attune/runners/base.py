@@ -62,7 +62,7 @@ class TrialSpec:
     engine: Engine
     """The training engine whose behaviour the trial stands for (slime, megatron, torch)."""
     trial_dir: Path | None = None
-    """Folder the runner owns for this trial (log.txt, result.json, runner files); None: a new temp folder."""
+    """Folder the runner owns for this trial (log.txt, result.json, runner files); None: a scratch folder, removed when the run returns."""
     timeout_s: float | None = None
     """Wall-clock limit of the trial in seconds, start-up included; past it the whole process tree is
     killed and the result is ``timeout``. None: the runner's default (none for local runs)."""
@@ -283,7 +283,7 @@ class Runner(abc.ABC):
           work (its cluster is unreachable, its own output unreadable) and
           :class:`attune.errors.MissingDependency` when an optional extra is missing. On
           ``KeyboardInterrupt`` everything it started is stopped before the interrupt propagates.
-        * It owns ``spec.trial_dir`` (a new temporary folder when None): it creates the folder and writes
+        * It owns ``spec.trial_dir`` (when None, a scratch folder that ``run`` removes when it returns): it creates the folder and writes
           ``log.txt`` and ``result.json`` there, plus its own files; callers only read them.
         * Past ``spec.timeout_s`` it kills the trial's whole process tree (or stops its Ray job, which does
           the same on the node), so a timed-out trial leaves nothing running.
@@ -328,7 +328,13 @@ class Runner(abc.ABC):
         reasons = self.check(spec)
         if reasons:
             raise UnsupportedLayout(f"layout {spec.layout.label()}: {reasons[0]}")
-        trial_dir = Path(spec.trial_dir) if spec.trial_dir else Path(tempfile.mkdtemp(prefix=f"attune-{self.name}-"))
+        if spec.trial_dir is None:  # nobody keeps this trial's files: a scratch folder, removed after the run
+            with tempfile.TemporaryDirectory(prefix=f"attune-{self.name}-") as scratch:
+                return self._run_in(spec, Path(scratch))
+        return self._run_in(spec, Path(spec.trial_dir))
+
+    def _run_in(self, spec: TrialSpec, trial_dir: Path) -> TrialResult:
+        """``run`` in ``trial_dir``: a finished result there is reused, else the trial runs and its result is saved."""
         trial_dir.mkdir(parents=True, exist_ok=True)
         done = self.finished_result(spec, trial_dir)
         if done is not None:

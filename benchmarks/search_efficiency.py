@@ -287,6 +287,15 @@ def pct(xs, q, cap):
 _TARGETS: dict = {}  # target number -> (target, baseline, note, order, fits, shipped); inherited by forked workers
 
 
+def grid_and_random(runner, target, baseline, order, fits, trials: int, rng):
+    """The baseline, then the predicted-order grid and random layouts among predicted fits: their traces."""
+    table = target[5]
+    base_trace = trace_of(runner, target, [baseline])
+    grid = base_trace + trace_of(runner, target, [table.layouts[i] for i in order[:trials - 1]])
+    pick = rng.choice(fits, size=trials - 1, replace=False)
+    return grid, base_trace + trace_of(runner, target, [table.layouts[i] for i in pick])
+
+
 def run_world(job):
     """One world of one target: every strategy's metrics (run in a worker process)."""
     ti, w, trials = job
@@ -295,11 +304,7 @@ def run_world(job):
     rng = np.random.default_rng([ti, w])
     rows, truth = make_world(target, rng, shipped)
     runner = ReplayRunner(f"world {ti}/{w}", model=model, world_size=cluster.world_size, rows=rows)
-    table = target[5]
-    base_trace = trace_of(runner, target, [baseline])
-    grid = base_trace + trace_of(runner, target, [table.layouts[i] for i in order[:trials - 1]])
-    pick = rng.choice(fits, size=trials - 1, replace=False)
-    rand = base_trace + trace_of(runner, target, [table.layouts[i] for i in pick])
+    grid, rand = grid_and_random(runner, target, baseline, order, fits, trials, rng)
     traces = {
         STRATEGIES[0]: run_tuner(target, runner, baseline, note, trials, "model", True, w),
         STRATEGIES[1]: run_tuner(target, runner, baseline, note, trials, "model", False, w),
@@ -317,11 +322,7 @@ def run_structural_world(job):
     rng = np.random.default_rng([100 + ti, w])
     rows, truth, margin = make_structural_world(target, rng, baseline)
     runner = ReplayRunner(f"structural world {ti}/{w}", model=model, world_size=cluster.world_size, rows=rows)
-    table = target[5]
-    base_trace = trace_of(runner, target, [baseline])
-    grid = base_trace + trace_of(runner, target, [table.layouts[i] for i in order[:trials - 1]])
-    pick = rng.choice(fits, size=trials - 1, replace=False)
-    rand = base_trace + trace_of(runner, target, [table.layouts[i] for i in pick])
+    grid, rand = grid_and_random(runner, target, baseline, order, fits, trials, rng)
     info: dict = {}
     t0 = time.time()
     traces = {

@@ -268,14 +268,20 @@ SLIME_DENSE_ARGS = {
 }
 
 
-def _as_map(words: list[str], m) -> dict:
+def _flag_groups(words: list[str]) -> dict:
+    """Flag -> its values, in order."""
     out, key = {}, None
     for w in words:
         if w.startswith("--"):
             key = w
             out[key] = ()
         else:
-            out[key] = out[key] + (w,)
+            out[key] += (w,)
+    return out
+
+
+def _as_map(words: list[str], m) -> dict:
+    out = _flag_groups(words)
     if out.pop("--use-rotary-position-embeddings", None) is not None:
         out["--position-embedding-type"] = ("rope",)
     if out.get("--kv-channels") == (str(m.hidden // m.heads),):
@@ -371,13 +377,7 @@ _NO_EFFECT = ("--kv-channels", "--moe-token-drop-policy", "--attention-softmax-i
 
 
 def _mla_map(words: list[str]) -> dict:
-    out, key = {}, None
-    for w in words:
-        if w.startswith("--"):
-            key = w
-            out[key] = ()
-        else:
-            out[key] += (w,)
+    out = _flag_groups(words)
     for k in _NO_EFFECT:
         out.pop(k, None)
     if out.get("--moe-router-num-groups") == ("1",):

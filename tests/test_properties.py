@@ -127,10 +127,9 @@ def _recipe_checks(data):
     return r
 
 
-@PROPS
-@given(st.lists(st.tuples(st.sampled_from(SEED_PATHS), values), max_size=3))
-def test_recipe_mutations_give_a_verdict_or_an_attune_error(edits):
-    data = copy.deepcopy(SEED_DATA)
+def _edited(base: dict, edits) -> dict:
+    """A deep copy of ``base`` with each (path, value) set where the path's parents are mappings (else skipped)."""
+    data = copy.deepcopy(base)
     for path, v in edits:
         d = data
         for k in path[:-1]:
@@ -139,7 +138,13 @@ def test_recipe_mutations_give_a_verdict_or_an_attune_error(edits):
             d = d[k]
         else:
             d[path[-1]] = v
-    _recipe_checks(data)
+    return data
+
+
+@PROPS
+@given(st.lists(st.tuples(st.sampled_from(SEED_PATHS), values), max_size=3))
+def test_recipe_mutations_give_a_verdict_or_an_attune_error(edits):
+    _recipe_checks(_edited(SEED_DATA, edits))
 
 
 @PROPS
@@ -182,15 +187,7 @@ CLUSTER_PATHS = list(_paths(CLUSTER))
 @PROPS
 @given(st.lists(st.tuples(st.sampled_from(CLUSTER_PATHS), values), max_size=3))
 def test_cluster_files_give_a_config_or_an_attune_error(edits):
-    data = copy.deepcopy(CLUSTER)
-    for path, v in edits:
-        d = data
-        for k in path[:-1]:
-            if not isinstance(d.get(k), dict):
-                break
-            d = d[k]
-        else:
-            d[path[-1]] = v
+    data = _edited(CLUSTER, edits)
     c = accepts(parse_cluster_config, data, "prop.yaml")
     if c is not None:
         assert all(math.isfinite(x) and x > 0 for x in (c.trial_timeout_s, c.poll_s, c.stop_grace_s))

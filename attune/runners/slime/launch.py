@@ -47,6 +47,7 @@ from attune.recipe.models import Recipe
 from attune.recipe.target import recipe_target
 from attune.runners.ray.cluster import PATH_VARS, ClusterConfig
 from attune.runners.shell import bash_c, ray_env_vars, word
+from attune.spec import flag_text
 from attune.spec.engine import get_engine
 from attune.spec.family_registry import launchable
 from attune.spec.flags import table_describes, to_flags
@@ -132,23 +133,13 @@ def _join(base: str, *parts: str) -> str:
 
 
 def _num(x: float | int) -> str:
-    """Compact number text: 10000000.0 -> 10000000, 1e-06 -> 1e-6, 0.25 -> 0.25."""
-    if isinstance(x, bool):
-        raise LaunchError(f"expected a number, got {x!r}")
-    if isinstance(x, int):
-        return str(x)
-    if not math.isfinite(x):
-        raise LaunchError(f"expected a finite number, got {x!r}")
-    if x == int(x) and abs(x) < 1e15:
-        return str(int(x))
-    s = repr(float(x))
-    return re.sub(r"e([+-])0*(\d)", lambda m: "e" + ("-" if m.group(1) == "-" else "") + m.group(2), s)
+    """A number as a flag value (``attune.spec.flag_text.number``); a bad one is a LaunchError."""
+    return flag_text.number(x, LaunchError)
 
 
 def _flt(x: float) -> str:
-    """A float flag value that stays a float (0.0, not 0)."""
-    s = _num(x)
-    return s if any(c in s for c in ".e") else s + ".0"
+    """A float flag value that stays a float (``attune.spec.flag_text.floating``)."""
+    return flag_text.floating(x, LaunchError)
 
 
 def trial_slug(name: str) -> str:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import re
-
 from attune.errors import ModelError
+from attune.spec import flag_text
 from attune.spec.moe import MoESpec
 
 
@@ -106,17 +105,13 @@ def qwen_moe_pattern(cfg: dict, layers: int) -> tuple[int, ...]:
 
 
 def num(x: float | int) -> str:
-    """A flag value as slime's scripts write it: 1000000.0 -> 1000000, 1e-06 -> 1e-6, 2.5 -> 2.5."""
-    if float(x) == int(x) and abs(x) < 1e15:
-        return str(int(x))
-    s = repr(float(x))
-    return re.sub(r"e([+-])0*(\d)", lambda m: "e" + ("-" if m.group(1) == "-" else "") + m.group(2), s)
+    """A number as a flag value (``attune.spec.flag_text.number``); a bad one is a ModelError."""
+    return flag_text.number(x, ModelError)
 
 
 def flt(x: float) -> str:
-    """A float flag value that stays a float (0.0, not 0)."""
-    s = num(x)
-    return s if any(c in s for c in ".e") else s + ".0"
+    """A float flag value that stays a float (``attune.spec.flag_text.floating``)."""
+    return flag_text.floating(x, ModelError)
 
 
 def deepseek_style_moe(cfg: dict, family: str, where: str) -> MoESpec:

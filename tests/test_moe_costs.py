@@ -205,6 +205,27 @@ def test_expert_bias_path_costs_hbm_traffic():
     assert with_bias["fwd_gemm"] == no_bias["fwd_gemm"]
 
 
+def test_clamped_activation_costs_its_hbm_passes():
+    """GPT-OSS clamps its gated activation (HF ``swiglu_limit``): megatron-core clamps both halves of the fc1 output
+    and concatenates them outside the fused kernel, extra HBM passes in forward, backward and ``moe_act``
+    recompute; experts without a clamp (every other bundled MoE family) pay nothing."""
+    m = load_model("GPT-OSS-120B")
+    assert m.moe.activation_clamp == 7.0
+    assert all(load_model(n).moe.activation_clamp == 0.0 for n in ("Qwen3-235B-A22B", "DeepSeek-V3"))
+    lay = Layout(ep=8, dp=8, moe_dispatcher="alltoall", moe_grouped_gemm=True, moe_permute_fusion=True,
+                 moe_force_balance=True)
+    c = parse_cluster("8xB200")
+    clamped = M.moe_layer_times(m, c, lay, _shape(lay), DEFAULT)
+    plain = M.moe_layer_times(dataclasses.replace(m, moe=dataclasses.replace(m.moe, activation_clamp=0.0)), c, lay,
+                              _shape(lay), DEFAULT)
+    fc1_out = 4096 * m.moe.top_k * 2 * m.moe.expert_ffn  # balanced EP 8: every GPU routes its own tokens x top-k
+    extra = M.ACTIVATION_CLAMP_BYTES * fc1_out / (c.gpu.hbm_gbps * 1e9 * DEFAULT.hbm_efficiency)
+    assert clamped["fwd_memory"] - plain["fwd_memory"] == pytest.approx(extra)
+    assert clamped["bwd_memory"] - plain["bwd_memory"] == pytest.approx(DEFAULT.backward_memory_ratio * extra)
+    assert clamped["fwd_act_memory"] - plain["fwd_act_memory"] == pytest.approx(extra)  # moe_act recompute
+    assert clamped["fwd_gemm"] == plain["fwd_gemm"] and clamped["ep_fwd"] == plain["ep_fwd"]
+
+
 # ---------------------------------------------------------------------- shared MoE coefficients, tested off-sample
 def test_reset_moe_restores_source_values_only():
     cs = source_values()

@@ -61,6 +61,14 @@ lines 626-643) splits the output by expert and adds bias x probability in a Pyth
 write and read the fp32 bias x prob product (4 + 4), write the fp32 sum (4), torch.cat reads and writes it (4 + 4),
 the cast to bf16 reads fp32 and writes bf16 (4 + 2). Backward moves ``backward_memory_ratio`` times that."""
 
+ACTIVATION_CLAMP_BYTES = 2 + 2 + 2 + 2
+"""HBM bytes per element of the experts' fc1 output (2 x ffn wide) that a clamped gated activation (GPT-OSS:
+``MoESpec.activation_clamp``) adds in forward: megatron-core clamps the two halves outside the fused kernel, each
+read and written once in bf16 (2 + 2), and concatenates them again before ``WeightedBiasQuickGeGLUFunction``
+(read and write, 2 + 2) (Megatron-LM 1dcf0daf megatron/core/fusions/fused_bias_geglu.py lines 424-432,
+``weighted_bias_quick_geglu_impl``, called from moe/experts.py lines 706-722; the unfused path, lines 737-745, clamps
+without the cat but runs the gate unfused). Backward moves ``backward_memory_ratio`` times that (clamp's masked
+gradients and chunk's cat); ``moe_act`` recompute runs it again."""
 
 # The MoE kernels' coefficients (grouped GEMM, all-to-all, permutation) are ``Coefficients`` fields marked
 # ``moe`` (attune.estimator.coefficients): one set shared with dense models, fitted to the MoE corpus rows.
@@ -243,11 +251,12 @@ def moe_layer_times(model: ModelSpec, cluster: Cluster, layout: Layout, shape: S
     flops = 2 * R * h * 3 * f  # fc1 (2f wide) + fc2
     gemm = flops / (peak * _gemm_eff(min(per_expert, h, f), coef) * kind)
     router = 2 * t * h * moe.experts / (peak * _gemm_eff(min(t, h, moe.experts), coef))
+    clamp = ACTIVATION_CLAMP_BYTES * R * 2 * f if moe.activation_clamp else 0.0  # a clamped gate's extra passes
     passes = coef.moe_permutation_passes / (2 if layout.moe_permute_fusion else 1)
     if layout.moe_dispatcher == "alltoall" and local_experts > 1:
         passes += ALLTOALL_SORT_PASSES
     mem = (passes * R * BF16 * h + 3 * t * moe.experts * FP32 + 3 * R * BF16 * f
-           + (EXPERT_BIAS_BYTES * R * h if moe.expert_bias else 0.0)) / hbm
+           + (EXPERT_BIAS_BYTES * R * h if moe.expert_bias else 0.0) + clamp) / hbm
     ep_fwd = ep_bwd = raw_fwd = raw_bwd = 0.0
     if layout.ep * layout.etp > 1:
         ep_fwd = ep_bwd = 2 * dispatch_seconds(model, cluster, layout, shape, coef)  # dispatch + combine
@@ -264,8 +273,9 @@ def moe_layer_times(model: ModelSpec, cluster: Cluster, layout: Layout, shape: S
             cover = 3 * (gemm + router) + (1 + coef.backward_memory_ratio) * mem
             ep_fwd, ep_bwd = (max(0.0, e - c) + EP_OVERLAP_SM_SHARE * min(e, c)
                               for e, c in ((e, cover * e / (ep_fwd + ep_bwd)) for e in (ep_fwd, ep_bwd)))
-    # the experts' activation alone (read fc1 output 2f wide, write f): what ``moe_act`` recompute runs again
-    act = 3 * R * BF16 * f / hbm
+    # the experts' activation alone (read fc1 output 2f wide, write f; a clamp's passes): what ``moe_act`` recompute
+    # runs again
+    act = (3 * R * BF16 * f + clamp) / hbm
     return {"fwd_gemm": gemm + router, "bwd_gemm": 2 * (gemm + router), "fwd_memory": mem,
             "bwd_memory": coef.backward_memory_ratio * mem, "ep_fwd": ep_fwd, "ep_bwd": ep_bwd,
             "ep_fwd_alone": raw_fwd, "ep_bwd_alone": raw_bwd, "fwd_act_memory": act}

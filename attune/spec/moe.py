@@ -60,6 +60,9 @@ class MoESpec:
     ``--moe-router-enable-expert-bias``) or GPT-OSS's Linear bias."""
     expert_bias: bool = False
     """Every routed expert's linears have biases (GPT-OSS: gate_up 2 x ffn, down hidden)."""
+    activation_clamp: float = 0.0
+    """The experts' gated activation clamps its two halves to this magnitude before the gate (GPT-OSS HF
+    ``swiglu_limit`` 7.0; megatron-core ``activation_func_clamp_value``); 0: no clamp."""
     num_groups: int = 0
     """Expert groups of group-limited routing (HF ``n_group``; ``--moe-router-num-groups``); 0: none."""
     group_topk: int = 0

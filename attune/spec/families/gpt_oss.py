@@ -4,7 +4,7 @@ Architecture (transformers ``models/gpt_oss``: ``GptOssConfig``, ``GptOssAttenti
 ``GptOssTopKRouter``): GQA with q/k/v/o biases and learned per-head attention sinks, alternating sliding-window
 (layer kind ``SLIDING``, ``window``) and full layers (``layer_types``), every layer MoE with experts of
 ``intermediate_size`` with biases (``gate_up_proj_bias`` 2 x ffn, ``down_proj_bias`` hidden), a router with a
-bias, clamped SwiGLU (numerics only), no shared expert, RMSNorm, untied output.
+bias, clamped SwiGLU (``swiglu_limit``: numerics, plus the clamp's HBM passes), no shared expert, RMSNorm, untied output.
 
 No slime launch: its Megatron flags (sliding window, learnable attention sinks, output-projection bias, clamped
 SwiGLU) are not in attune's flag table's sources to check.
@@ -27,7 +27,7 @@ def read(cfg: dict, where: str) -> dict:
     experts, top_k, ffn, _ = moe_basics(cfg, where, "intermediate_size")
     # Megatron's GPT-OSS: the dense width is the expert width
     moe = MoESpec(family=NAME, experts=experts, top_k=top_k, expert_ffn=ffn, dense_ffn=ffn, router_bias=True,
-                  expert_bias=True)
+                  expert_bias=True, activation_clamp=float(cfg.get("swiglu_limit") or 0.0))
     h = need(cfg, "hidden_size", where)
     heads = need(cfg, "num_attention_heads", where)
     layers = need(cfg, "num_hidden_layers", where)

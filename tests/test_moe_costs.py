@@ -226,6 +226,21 @@ def test_clamped_activation_costs_its_hbm_passes():
     assert clamped["fwd_gemm"] == plain["fwd_gemm"] and clamped["ep_fwd"] == plain["ep_fwd"]
 
 
+def test_expert_gemm_tiles_pad_widths_that_are_not_tile_multiples():
+    """Widths that are multiples of the tile edge (DeepSeek-V3 7,168 / 2,048, Qwen3-235B 4,096 / 1,536) lose nothing
+    but the token remainder; GPT-OSS's 2,880 pads to 3,072 on Blackwell's 256-wide tiles and to 3,072 / 2,944 on
+    Hopper's 128 x 256."""
+    assert M.tile_utilisation(8192, 7168, 2048, "blackwell") == 1.0
+    assert M.tile_utilisation(8192, 4096, 1536, "hopper") == 1.0
+    # 8,000 tokens fill 31.25 tiles of 256 in the forward and input-gradient GEMMs; the weight gradients sum over them
+    assert M.tile_utilisation(8000, 4096, 1536, "blackwell") == pytest.approx(9 / (6 * 8192 / 8000 + 3))
+    w = (2, 1, 2, 1, 2, 1)  # FLOPs weights: fc1 is twice fc2
+    bw = (1.0 * 5888 / 5760, 3072 / 2880, 3072 / 2880, 3072 / 2880, 3072 / 2880 * 5888 / 5760, (3072 / 2880) ** 2)
+    assert M.tile_utilisation(4096, 2880, 2880, "blackwell") == pytest.approx(sum(w) / sum(a * b for a, b in zip(w, bw)))
+    hw = (5888 / 5760, 3072 / 2880, 3072 / 2880, 3072 / 2880, 2944 / 2880 * 5888 / 5760, 2944 / 2880 * 3072 / 2880)
+    assert M.tile_utilisation(4096, 2880, 2880, "hopper") == pytest.approx(sum(w) / sum(a * b for a, b in zip(w, hw)))
+
+
 # ---------------------------------------------------------------------- shared MoE coefficients, tested off-sample
 def test_reset_moe_restores_source_values_only():
     cs = source_values()

@@ -70,6 +70,13 @@ read and written once in bf16 (2 + 2), and concatenates them again before ``Weig
 without the cat but runs the gate unfused). Backward moves ``backward_memory_ratio`` times that (clamp's masked
 gradients and chunk's cat); ``moe_act`` recompute runs it again."""
 
+EXPERT_GEMM_TILE = {"blackwell": (256, 256), "hopper": (128, 256), "ampere": (128, 256)}
+"""Output tile (rows over tokens, columns over the weight's output features) of the grouped expert GEMMs per GPU
+generation: Blackwell's 2-SM UMMA tiles 256 x 256 (tcgen05 cta_group::2, CUTLASS sm100 grouped-GEMM defaults),
+Hopper's wgmma 128 x 256 (CUTLASS sm90 / cuBLASLt bf16 defaults), Ampere's 128 x 256 [kernel defaults; the exact
+tile a library heuristic picks may differ]. A dimension that is not a multiple of its tile edge computes the padded
+remainder: ``tile_utilisation``."""
+
 # The MoE kernels' coefficients (grouped GEMM, all-to-all, permutation) are ``Coefficients`` fields marked
 # ``moe`` (attune.estimator.coefficients): one set shared with dense models, fitted to the MoE corpus rows.
 
@@ -155,6 +162,24 @@ def expert_layout(layout: Layout) -> Layout:
 # ---------------------------------------------------------------------- time
 def _gemm_eff(min_dim: float, coef) -> float:
     return coef.gemm_efficiency * (1.0 - math.exp(-min_dim / coef.gemm_half_dim))
+
+
+def tile_utilisation(tokens: float, h: int, f: int, generation: str) -> float:
+    """Useful over computed FLOPs of one local expert's six GEMMs (fc1 / fc2 forward, their input gradients and
+    weight gradients), each output padded up to whole tiles (``EXPERT_GEMM_TILE``): tokens x 2f, tokens x h; tokens x
+    h, tokens x f; h x 2f, f x h. Experts whose widths are multiples of 256 (DeepSeek-V3, Qwen3) lose only the token
+    remainder; GPT-OSS's 2,880 pads to 3,072 on 256-wide tiles."""
+    tm, tn = EXPERT_GEMM_TILE.get(generation, (128, 128))
+
+    def pad(x: float, t: int) -> float:
+        return math.ceil(x / t) * t / x if x > 0 else 1.0
+
+    m = max(tokens, 1.0)
+    # (FLOPs weight of the GEMM, padded / useful), FLOPs per expert = 2 m h f x {2, 1} per pass
+    gemms = ((2, pad(m, tm) * pad(2 * f, tn)), (1, pad(m, tm) * pad(h, tn)),  # forward
+             (2, pad(m, tm) * pad(h, tn)), (1, pad(m, tm) * pad(f, tn)),  # input gradients
+             (2, pad(h, tm) * pad(2 * f, tn)), (1, pad(f, tm) * pad(h, tn)))  # weight gradients
+    return sum(w for w, _ in gemms) / sum(w * p for w, p in gemms)
 
 
 def _link_gbps(span: int, cluster: Cluster, coef) -> float:
@@ -249,7 +274,8 @@ def moe_layer_times(model: ModelSpec, cluster: Cluster, layout: Layout, shape: S
     per_expert = R / local_experts  # tokens one local expert sees: the small GEMM dimension
     kind = coef.moe_grouped_gemm_efficiency * (1.0 if layout.moe_grouped_gemm else coef.moe_loop_gemm_ratio)
     flops = 2 * R * h * 3 * f  # fc1 (2f wide) + fc2
-    gemm = flops / (peak * _gemm_eff(min(per_expert, h, f), coef) * kind)
+    gemm = flops / (peak * _gemm_eff(min(per_expert, h, f), coef) * kind
+                    * tile_utilisation(per_expert, h, f, gpu.generation))
     router = 2 * t * h * moe.experts / (peak * _gemm_eff(min(t, h, moe.experts), coef))
     clamp = ACTIVATION_CLAMP_BYTES * R * 2 * f if moe.activation_clamp else 0.0  # a clamped gate's extra passes
     passes = coef.moe_permutation_passes / (2 if layout.moe_permute_fusion else 1)

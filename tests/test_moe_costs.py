@@ -252,16 +252,19 @@ def test_reset_moe_restores_source_values_only():
 
 @needs_corpus
 def test_shared_moe_coefficients_transfer_between_models():
-    """Leave one MoE model out of the MoE fit (dense coefficients held), predict its rows: DeepSeek-V3 and
-    Qwen3-235B-A22B within 15%; GPT-OSS-120B, the only model on the alltoall dispatcher in the bf16 corpus (so its
-    NCCL all-to-all efficiency rests on the prior when it is left out), within 25%; in-sample within 15%."""
+    """Leave one MoE model out of the MoE fit (dense coefficients held), predict its rows: each within issue 21's 15%
+    (measured 14.1% GPT-OSS-120B, the only model on the alltoall dispatcher in the bf16 corpus, so its NCCL all-to-all
+    efficiency rests on the prior when it is left out; 4.5% DeepSeek-V3; 6.5% Qwen3-235B-A22B); in-sample within 10%
+    per model (8.8%, 2.8%, 3.1%) and 8% over the bf16 MoE rows (7.9%)."""
     corpus = load_corpus(CORPUS)
     assert set(moe_models(corpus)) == {"GPT-OSS-120B", "DeepSeek-V3", "Qwen3-235B-A22B"}
     table = {t["model"]: t for t in moe_transfer_table(corpus, current())}
-    for name in ("DeepSeek-V3", "Qwen3-235B-A22B"):
-        assert table[name]["lomo_mape"] <= 0.15, (name, table[name])
-    assert table["GPT-OSS-120B"]["lomo_mape"] <= 0.25, table["GPT-OSS-120B"]
-    assert all(t["in_sample_mape"] <= 0.15 for t in table.values()), table
+    bound = {"GPT-OSS-120B": 0.15, "DeepSeek-V3": 0.08, "Qwen3-235B-A22B": 0.09}
+    for name, b in bound.items():
+        assert table[name]["lomo_mape"] <= b, (name, table[name])
+    assert all(t["in_sample_mape"] <= 0.10 for t in table.values()), table
+    rows = sum(t["rows"] for t in table.values())
+    assert sum(t["rows"] * t["in_sample_mape"] for t in table.values()) / rows <= 0.08, table
 
 
 # ---------------------------------------------------------------------- Blackwell Ultra's sustained peak

@@ -11,8 +11,9 @@ module adds what the routed experts bring (megatron-core ``MoELayer``: router ->
   combine), the router's logits and softmax in the router dtype, the permutation maps, and the
   all-to-all send / receive buffers alive during dispatch and combine in the backward working set.
 * time: the expert GEMMs at the efficiency of their per-expert shape (tokens per local expert is small:
-  where MoE loses MFU), times a grouped-GEMM factor (a loop of per-expert GEMMs without
-  ``--moe-grouped-gemm``), the router GEMM and softmax/top-k, permutation passes over HBM, the dispatch and
+  where MoE loses MFU) and of their widths padded to whole output tiles (``tile_utilisation``), times a
+  grouped-GEMM factor (a loop of per-expert GEMMs without ``--moe-grouped-gemm``), the router GEMM and
+  softmax/top-k, permutation passes over HBM (with GPT-OSS's expert-bias path and clamped gate), the dispatch and
   combine all-to-all over NVLink inside a node and the network across nodes, the shared expert overlapped
   with the all-to-all when ``--moe-shared-expert-overlap`` says so.
 """

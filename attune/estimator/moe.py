@@ -68,7 +68,8 @@ ACTIVATION_CLAMP_BYTES = 2 + 2 + 2 + 2
 read and written once in bf16 (2 + 2), and concatenates them again before ``WeightedBiasQuickGeGLUFunction``
 (read and write, 2 + 2) (Megatron-LM 1dcf0daf megatron/core/fusions/fused_bias_geglu.py lines 424-432,
 ``weighted_bias_quick_geglu_impl``, called from moe/experts.py lines 706-722; the unfused path, lines 737-745, clamps
-without the cat but runs the gate unfused). Backward moves ``backward_memory_ratio`` times that (clamp's masked
+without the cat but runs the gate unfused; Megatron-Bridge's GPT-OSS provider takes the fused path with the clamp:
+v0.2.0-v0.3.0 models/gpt_oss/gpt_oss_provider.py lines 81-84, v0.5.1 gpt_oss_bridge.py lines 73 and 83). Backward moves ``backward_memory_ratio`` times that (clamp's masked
 gradients and chunk's cat); ``moe_act`` recompute runs it again."""
 
 EXPERT_GEMM_TILE = {"blackwell": (256, 256), "hopper": (128, 256), "ampere": (128, 256)}

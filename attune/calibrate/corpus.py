@@ -306,7 +306,7 @@ def _series(row: dict) -> str:
 
 
 def _moe_layout(row: dict, layout: Layout, model: ModelSpec, engine: Engine, wl: Workload,
-                assumptions: list[str], gpu_key: str = "") -> tuple[Layout, str]:
+                assumptions: list[str], gpu_key: str = "") -> tuple[Layout, dict]:
     """The row's expert parallel sizes and MoE settings (``attune.calibrate.moe_rows``: dispatcher, expert
     all-to-all overlap, the recipe's recompute modules where the row states none) on top of its dense layout."""
     ep = int(row.get("ep") or 1)
@@ -339,7 +339,9 @@ def _moe_layout(row: dict, layout: Layout, model: ModelSpec, engine: Engine, wl:
     broken = check(lay, model, lay.world_size, wl, engine)
     if broken:
         raise _Unexpressed(f"layout rule: {broken[0]}")
-    return lay, st["graphs"]
+    # the Engine fields the recipe sets: CUDA graphs; its low-precision kernels (moe_rows.release_recipe)
+    return lay, dict(cuda_graphs=st["graphs"], fp8_attention="fp8_dpa" in st["kernels"],
+                     fused_grouped_mlp="fused_grouped_mlp" in st["kernels"])
 
 
 def _with_precision(layout: Layout, lp_fields: dict, model: ModelSpec, engine: Engine, wl: Workload, cluster) -> Layout:
@@ -399,8 +401,9 @@ def read_row(row: dict, file: str) -> CorpusRow:
                                f"keeps its tp_comm_overlap=False)")
         layout, wl = _layout(row, model, engine, assumptions, check_rules=not bundled)
         if bundled:
-            layout, graphs = _moe_layout(row, layout, model, engine, wl, assumptions, key)
-            engine = replace(engine, cuda_graphs=graphs) if graphs != engine.cuda_graphs else engine
+            layout, eng = _moe_layout(row, layout, model, engine, wl, assumptions, key)
+            eng = {k: v for k, v in eng.items() if getattr(engine, k) != v}
+            engine = replace(engine, **eng) if eng else engine
         if lp_fields:
             layout = _with_precision(layout, lp_fields, model, engine, wl, cluster)
         tps = _throughput(row) if file != "memory.yaml" else None

@@ -40,7 +40,8 @@ def precision_params(corpus: Corpus, start: CoefficientSet) -> list[FitParam]:
     gens = [g for g in GENERATIONS if any(r.generation == g for r in rows)]
     recipes = {r.layout.fp8_recipe for r in rows if r.layout.fp8_format is not None}
     use = {"fp8_gemm_efficiency": bool(recipes & {"delayed", "tensorwise", "blockwise"}),
-           "fp8_blockwise_gemm_ratio": "blockwise" in recipes, "mxfp8_gemm_efficiency": "mxfp8" in recipes}
+           "fp8_blockwise_gemm_ratio": "blockwise" in recipes, "mxfp8_gemm_efficiency": "mxfp8" in recipes,
+           "fp8_attention_speedup": any(r.engine.fp8_attention for r in rows)}
     out = []
     for f in dataclasses.fields(Coefficients):
         b = f.metadata.get("bounds")

@@ -45,6 +45,9 @@ def test_quantized_activations_are_written_in_each_orientation_the_gemms_read():
     assert hop.act_copies == 2 and hop.quantize_bytes == pytest.approx(2 * BF16 + 2)
     bw = lp_terms.plan(replace(lay, **fields_for("fp8-blockwise")), h100, coefficients_for(h100))
     assert bw.quantize_bytes == pytest.approx(BF16 + 2 * (1 + 4 / 128))
+    # NVFP4: half a byte and an E4M3 scale per 16 elements, both orientations, and the per-tensor amax read first
+    fp4 = lp_terms.plan(replace(lay, **fields_for("nvfp4")), b200, coefficients_for(b200))
+    assert fp4.quantize_bytes == pytest.approx(2 * BF16 + 2 * (0.5 + 1 / 16))
 
 
 def _step(layout, engine, gpus="8xB200"):

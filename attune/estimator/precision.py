@@ -97,7 +97,9 @@ class Plan:
     weight_copies: int
     """Quantized weight copies cached per step (row-wise, plus column-wise where the GEMMs need it)."""
     amax_pass: bool
-    """Tensor-wise current scaling reads each input once more for its amax."""
+    """Tensor-wise current scaling reads each input once more for its amax; so does NVFP4, whose second-level scale
+    is one fp32 number per tensor from the tensor's amax (TransformerEngine d0067d0da transformer_engine/common/
+    recipe/__init__.py:493-497: 16-element blocks with E4M3 scales, "a global per tensor FP32 scaling factor")."""
     param_gather: bool
     """``--fp8-param-gather``."""
     amax_history: int
@@ -139,7 +141,7 @@ def plan(layout: Layout, gpu: GPU, coef: Coefficients) -> Plan | None:
     scale = {"fp8-blockwise": FP32 / 128, "mxfp8": 1 / 32, "nvfp4": 1 / 16}.get(recipe, 0.0)
     copies = 1 if (blackwell and recipe in ("fp8-delayed", "fp8-tensorwise")) else 2
     return Plan(recipe=recipe, peak=peak * 1e12 * peak_ratio(gpu, coef), efficiency=eff, data_bytes=data, scale_bytes=scale,
-                weight_copies=copies, amax_pass=recipe == "fp8-tensorwise", param_gather=layout.fp8_param_gather,
+                weight_copies=copies, amax_pass=recipe in ("fp8-tensorwise", "nvfp4"), param_gather=layout.fp8_param_gather,
                 amax_history=1 if recipe == "fp8-delayed" else 0, act_copies=copies)
 
 

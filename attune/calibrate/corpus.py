@@ -18,6 +18,7 @@ import yaml
 import attune
 from attune.calibrate.moe_rows import moe_settings, resolve_moe_model
 from attune.calibrate.precision_rows import NotModelled, row_precision
+from attune.calibrate.regressions import known_regression
 from attune.calibrate.rows import MEMORY, THROUGHPUT, Corpus, CorpusError, CorpusRow, MemoryObservation
 from attune.calibrate.seed import SEED_SERIES, seed_observations
 from attune.errors import AttuneError, UserInputError
@@ -370,6 +371,8 @@ def read_row(row: dict, file: str) -> CorpusRow:
     base = dict(id=rid, series=series, file=file, kinds=kinds,
                 source=str(src.get("url") or src.get("path") or ""), gpu_name=str(row.get("gpu") or ""),
                 engine_name=str(row.get("engine") or ""), precision=str(row.get("precision_class") or ""))
+    if known_regression(row):  # the source itself marks the figure as a release's defect
+        return CorpusRow(**base, reason=known_regression(row))
     assumptions: list[str] = []
     try:
         g = row.get("model") or {}

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from attune.calibrate.corpus import default_corpus_dir, load_corpus
+from attune.calibrate.corpus import default_corpus_dir, load_corpus, read_file, read_row
 from attune.calibrate.fit import current
-from attune.calibrate.precision_fit import fit_precision
+from attune.calibrate.precision_fit import fit_precision, groups_markdown
 from attune.calibrate.report import predict_row
 from attune.estimator import estimate
 from attune.estimator import moe as moe_terms
@@ -20,7 +20,7 @@ from attune.spec.engine import get_engine
 from attune.spec.hardware import parse_cluster
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import load_model
-from attune.spec.precision import fields_for
+from attune.spec.precision import fields_for, recipe_of
 
 CORPUS = default_corpus_dir()
 needs_corpus = pytest.mark.skipif(CORPUS is None, reason="shared/measurements is not beside this checkout")
@@ -118,7 +118,6 @@ def test_corpus_rows_carry_their_release_recipe_and_a_fit_without_them_predicts_
 
 @needs_corpus
 def test_a_figure_its_source_marks_as_a_known_regression_is_not_fitted():
-    from attune.calibrate.corpus import read_file, read_row
     rows = {r["id"]: r for r in read_file(CORPUS / "moe.yaml")}
     bad = rows["mbridge-26.06.01-pretrain-gpt_oss_120b-dgx-gb200-64g-mxfp8-gbs1280"]
     r = read_row(bad, "moe.yaml")
@@ -127,3 +126,20 @@ def test_a_figure_its_source_marks_as_a_known_regression_is_not_fitted():
     unmarked = {k: (v.replace("[^gpt-oss-note]", "") if isinstance(v, str) else v) for k, v in bad.items()}
     assert read_row(unmarked, "moe.yaml").expressed
     assert read_row(rows["mbridge-26.08-pretrain-gpt_oss_120b-dgx-gb200-64g-mxfp8-gbs1280"], "moe.yaml").expressed
+
+
+@needs_corpus
+def test_report_names_where_the_low_precision_error_is():
+    corpus = load_corpus(CORPUS, include_seed=False)
+    low = [r for r in corpus.expressed if r.low_precision and r.has_throughput and "qwen3_30b" in r.id]
+    preds = [predict_row(r) for r in low]
+    text = groups_markdown(preds)
+    assert "## Low precision by class, model and GPU" in text
+    lines = [x for x in text.splitlines() if x.startswith("| mxfp8 | Qwen3-30B-A3B |")]
+    gpus = {x.split(" | ")[2] for x in lines}
+    assert any("GB200" in g for g in gpus) and any("GB300" in g for g in gpus)
+    shares = [float(x.split(" | ")[-1].rstrip("% |")) for x in lines]
+    mx = [p for p in preds if recipe_of(p.row.layout) == "mxfp8"]
+    mape = sum(abs(p.error) for p in mx) / len(mx)
+    assert sum(shares) == pytest.approx(100 * mape, abs=0.1 * len(shares))  # the shares add up to the class's MAPE
+    assert groups_markdown([predict_row(r) for r in corpus.expressed if not r.low_precision][:3]) == ""

@@ -9,7 +9,8 @@ megatron.patch`` then ``megatron-sglang-aligned.patch``, both from slime's ``doc
 sglang*.patch files there patch SGLang, not Megatron-LM). attune ships neither and downloads nothing.
 
 For each bundled model (``attune models``) on a cluster sized to it (:func:`cluster_for`), the tool builds
-two launches with attune's own code: the model's baseline (``attune.spec.baselines``) and the predicted
+three launches with attune's own code: the model's baseline (``attune.spec.baselines``), the baseline with slime's
+fp8 recipe (``--fp8-format e4m3 --fp8-recipe blockwise``, slime docs/en/advanced/low-precision.md) and the predicted
 winner of ``attune tune`` on the sim runner (``--no-winner`` skips it); each through
 ``attune.runners.slime.launch`` with a cluster file whose paths are real folders written here (the HF
 checkpoint folder holds the model's bundled ``config.json``, so slime's ``_hf_validate_args`` compares the
@@ -67,7 +68,7 @@ import sys
 import tempfile
 import types
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
@@ -84,6 +85,7 @@ from attune.spec.engine import get_engine  # noqa: E402
 from attune.spec.hardware import parse_cluster  # noqa: E402
 from attune.spec.layout import Workload  # noqa: E402
 from attune.spec.model import bundled_names, load_model  # noqa: E402
+from attune.spec.precision import fields_for  # noqa: E402
 
 # The pinned commits attune's flag table describes (attune/spec/megatron_flags.yaml `describes`).
 SLIME_COMMIT, MEGATRON_COMMIT = "624b824a", "1dcf0daf"
@@ -221,7 +223,7 @@ def load_real_parsers(slime_dir: Path, megatron_dir: Path) -> tuple[types.Module
 @dataclass
 class Launch:
     model: str
-    kind: str  # baseline | winner
+    kind: str  # baseline | fp8-blockwise | winner
     gpus: str
     layout: str = ""
     flags: list[str] = field(default_factory=list)
@@ -299,7 +301,8 @@ def _from_command(L: Launch, cmd) -> Launch:
 
 
 def build_launches(name: str, root: Path, winner: bool) -> list[Launch]:
-    """The model's baseline and (optionally) predicted-winner slime launches, as attune emits them."""
+    """The model's baseline, its fp8-blockwise variant and (optionally) predicted-winner slime launches, as attune
+    emits them."""
     model = load_model(name)
     gpus = cluster_for(model)
     cl = parse_cluster(gpus)
@@ -315,6 +318,8 @@ def build_launches(name: str, root: Path, winner: bool) -> list[Launch]:
     except AttuneError as e:
         L.error = f"attune emits no launch: {' '.join(str(e).split())}"
     out.append(L)
+    if not L.error:  # the baseline with slime's documented fp8 recipe (issue 22)
+        out.append(_low_precision_launch(name, gpus, model, cl, lay, cfg))
     if winner and not L.error:
         W = Launch(name, "winner", gpus)
         try:
@@ -326,6 +331,20 @@ def build_launches(name: str, root: Path, winner: bool) -> list[Launch]:
             W.error = f"attune emits no launch: {' '.join(str(e).split())}"
         out.append(W)
     return out
+
+
+def _low_precision_launch(name: str, gpus: str, model, cl, lay, cfg) -> Launch:
+    """The baseline layout with slime's fp8 recipe: --fp8-format e4m3 --fp8-recipe blockwise, --fp8-param-gather
+    where the layout allows it (not with CPU Adam), NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1 (slime 624b824a
+    docs/en/advanced/low-precision.md lines 62-70)."""
+    F = Launch(name, "fp8-blockwise", gpus)
+    try:
+        fp8 = replace(lay, **fields_for("fp8-blockwise", param_gather=not lay.optimizer_cpu_offload))
+        F.layout = fp8.label()
+        _from_command(F, slime_command(model, cl, fp8, Workload(), cluster_cfg=cfg))
+    except AttuneError as e:
+        F.error = f"attune emits no launch: {' '.join(str(e).split())}"
+    return F
 
 
 # ------------------------------------------------------------------------------------------- checking

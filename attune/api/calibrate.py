@@ -10,7 +10,7 @@ from pathlib import Path
 import attune
 from attune.calibrate.corpus import load_corpus
 from attune.calibrate.fit import FitResult, current, moe_transfer_table, write_data
-from attune.calibrate.precision_fit import fit_all_stages, pairs_markdown
+from attune.calibrate.precision_fit import fit_all_stages, groups_markdown, pairs_markdown
 from attune.calibrate.ranking import SweepScore, leave_one_series_out_table, loso_markdown, sweeps, sweeps_markdown
 from attune.calibrate.report import (
     Prediction,
@@ -105,7 +105,7 @@ def calibrate(corpus_dir: str | Path | None = None, do_fit: bool = False, out_di
     in_sweeps = sweeps(preds)
     loso = leave_one_series_out_table(corpus, preds) if leave_one_out else []
     extra = "\n".join(sweeps_markdown(in_sweeps) + loso_markdown(loso)) + "\n"
-    files[1].write_text(markdown(preds, corpus.unexpressed, title, moe_transfer=transfer) + pairs_markdown(preds)
+    files[1].write_text(markdown(preds, corpus.unexpressed, title, moe_transfer=transfer) + pairs_markdown(preds) + groups_markdown(preds)
                         + extra)
     write_parity_png(preds, files[2])
     if written is not None:

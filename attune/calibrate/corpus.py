@@ -18,6 +18,7 @@ import yaml
 import attune
 from attune.calibrate.moe_rows import moe_settings, resolve_moe_model
 from attune.calibrate.precision_rows import NotModelled, row_precision
+from attune.calibrate.regressions import known_regression
 from attune.calibrate.rows import MEMORY, THROUGHPUT, Corpus, CorpusError, CorpusRow, MemoryObservation
 from attune.calibrate.seed import SEED_SERIES, seed_observations
 from attune.errors import AttuneError, UserInputError
@@ -306,7 +307,7 @@ def _series(row: dict) -> str:
 
 
 def _moe_layout(row: dict, layout: Layout, model: ModelSpec, engine: Engine, wl: Workload,
-                assumptions: list[str], gpu_key: str = "") -> tuple[Layout, str]:
+                assumptions: list[str], gpu_key: str = "") -> tuple[Layout, dict]:
     """The row's expert parallel sizes and MoE settings (``attune.calibrate.moe_rows``: dispatcher, expert
     all-to-all overlap, the recipe's recompute modules where the row states none) on top of its dense layout."""
     ep = int(row.get("ep") or 1)
@@ -339,7 +340,9 @@ def _moe_layout(row: dict, layout: Layout, model: ModelSpec, engine: Engine, wl:
     broken = check(lay, model, lay.world_size, wl, engine)
     if broken:
         raise _Unexpressed(f"layout rule: {broken[0]}")
-    return lay, st["graphs"]
+    # the Engine fields the recipe sets: CUDA graphs; its low-precision kernels (moe_rows.release_recipe)
+    return lay, dict(cuda_graphs=st["graphs"], fp8_attention="fp8_dpa" in st["kernels"],
+                     fused_grouped_mlp="fused_grouped_mlp" in st["kernels"])
 
 
 def _with_precision(layout: Layout, lp_fields: dict, model: ModelSpec, engine: Engine, wl: Workload, cluster) -> Layout:
@@ -368,6 +371,8 @@ def read_row(row: dict, file: str) -> CorpusRow:
     base = dict(id=rid, series=series, file=file, kinds=kinds,
                 source=str(src.get("url") or src.get("path") or ""), gpu_name=str(row.get("gpu") or ""),
                 engine_name=str(row.get("engine") or ""), precision=str(row.get("precision_class") or ""))
+    if known_regression(row):  # the source itself marks the figure as a release's defect
+        return CorpusRow(**base, reason=known_regression(row))
     assumptions: list[str] = []
     try:
         g = row.get("model") or {}
@@ -399,8 +404,9 @@ def read_row(row: dict, file: str) -> CorpusRow:
                                f"keeps its tp_comm_overlap=False)")
         layout, wl = _layout(row, model, engine, assumptions, check_rules=not bundled)
         if bundled:
-            layout, graphs = _moe_layout(row, layout, model, engine, wl, assumptions, key)
-            engine = replace(engine, cuda_graphs=graphs) if graphs != engine.cuda_graphs else engine
+            layout, eng = _moe_layout(row, layout, model, engine, wl, assumptions, key)
+            eng = {k: v for k, v in eng.items() if getattr(engine, k) != v}
+            engine = replace(engine, **eng) if eng else engine
         if lp_fields:
             layout = _with_precision(layout, lp_fields, model, engine, wl, cluster)
         tps = _throughput(row) if file != "memory.yaml" else None

@@ -158,8 +158,9 @@ def release_recipe(row: dict, model: ModelSpec, gpu_key: str) -> tuple[dict | No
     entry = data["recipes"].get(tag, {}).get(f"{model.name}|{gpu_key}|{row.get('precision_class') or 'bf16'}")
     if entry is None:
         return None, ""
-    dispatcher, overlap, graphs, recompute = entry
-    return (dict(dispatcher=dispatcher, overlap=overlap == "overlap", graphs=graphs, recompute=tuple(recompute)),
+    dispatcher, overlap, graphs, recompute, *kernels = entry  # a fifth item: the recipe's low-precision kernels
+    return (dict(dispatcher=dispatcher, overlap=overlap == "overlap", graphs=graphs, recompute=tuple(recompute),
+                 kernels=tuple(kernels[0]) if kernels else ()),
             f"Megatron-Bridge {tag} {data['source']}")
 
 _FLEX = re.compile(r"deepep|hybrid-?ep|\bflex\b|moe_flex_dispatcher_backend|moe-enable-deepep", re.I)
@@ -212,6 +213,9 @@ def moe_settings(row: dict, model: ModelSpec, gpu_key: str, engine_name: str) ->
     graphs = (recipe or {}).get("graphs", "none")
     if recipe and graphs != "none":
         notes.append(f"CUDA graphs: {graphs} (the recipe's cuda_graph_impl: {source}) [assumed]")
+    kernels = (recipe or {}).get("kernels", ())
+    if kernels:
+        notes.append(f"low-precision kernels: {', '.join(kernels)} (the recipe: {source}) [assumed]")
     # Megatron-Bridge's "tokendrop" runs: apply_moe_token_drop (capacity factor 1, inputs padded to capacity) and
     # no forced balance (v0.2.0 scripts/performance/utils/helpers.py lines 226-229); "w/ MTP": the MTP layer trained
     label = f"{(row.get('model') or {}).get('name') or ''} {row.get('id') or ''}"  # the run's label, not the notes
@@ -223,4 +227,4 @@ def moe_settings(row: dict, model: ModelSpec, gpu_key: str, engine_name: str) ->
     if mtp:
         notes.append("MTP: one multi-token-prediction layer trained (the row's 'w/ MTP')")
     return dict(dispatcher=dispatcher, overlap=overlap, recompute=recompute, capacity=capacity, mtp=mtp,
-                graphs=graphs), notes
+                graphs=graphs, kernels=kernels), notes

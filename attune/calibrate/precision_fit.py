@@ -40,7 +40,8 @@ def precision_params(corpus: Corpus, start: CoefficientSet) -> list[FitParam]:
     gens = [g for g in GENERATIONS if any(r.generation == g for r in rows)]
     recipes = {r.layout.fp8_recipe for r in rows if r.layout.fp8_format is not None}
     use = {"fp8_gemm_efficiency": bool(recipes & {"delayed", "tensorwise", "blockwise"}),
-           "fp8_blockwise_gemm_ratio": "blockwise" in recipes, "mxfp8_gemm_efficiency": "mxfp8" in recipes}
+           "fp8_blockwise_gemm_ratio": "blockwise" in recipes, "mxfp8_gemm_efficiency": "mxfp8" in recipes,
+           "fp8_attention_speedup": any(r.engine.fp8_attention for r in rows)}
     out = []
     for f in dataclasses.fields(Coefficients):
         b = f.metadata.get("bounds")
@@ -163,5 +164,23 @@ def pairs_markdown(preds: Sequence[Prediction]) -> str:
     return "\n".join(L) + "\n"
 
 
-__all__ = ["is_low_precision_row", "precision_params", "fit_precision", "merge",
+def groups_markdown(preds: Sequence[Prediction]) -> str:
+    """The report's section on where the low-precision error is: per class, model and GPU, the rows, MAPE and bias,
+    worst first (by their share of the class's MAPE). Empty without low-precision predictions."""
+    ps = [p for p in preds if p.row.low_precision and p.error is not None]
+    if not ps:
+        return ""
+    groups: dict[tuple, list[float]] = {}
+    for p in ps:
+        groups.setdefault((recipe_of(p.row.layout), p.row.model.name, p.row.cluster.gpu.name), []).append(p.error)
+    size = {c: sum(len(v) for k, v in groups.items() if k[0] == c) for c in {k[0] for k in groups}}
+    L = ["", "## Low precision by class, model and GPU", "",
+         "| precision | model | GPU | rows | MAPE | bias | share of the class's MAPE |", "|---|---|---|---|---|---|---|"]
+    for (c, m, g), e in sorted(groups.items(), key=lambda kv: -sum(abs(x) for x in kv[1]) / size[kv[0][0]]):
+        L.append(f"| {c} | {m} | {g} | {len(e)} | {100 * sum(abs(x) for x in e) / len(e):.1f}% | "
+                 f"{100 * sum(e) / len(e):+.1f}% | {100 * sum(abs(x) for x in e) / size[c]:.1f}% |")
+    return "\n".join(L) + "\n"
+
+
+__all__ = ["is_low_precision_row", "groups_markdown", "precision_params", "fit_precision", "merge",
            "leave_one_series_out", "fit_all_stages", "CORPUS_CLASSES", "Pair", "pairs", "pairs_markdown"]

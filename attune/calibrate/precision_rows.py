@@ -12,6 +12,14 @@ from attune.spec.precision import fields_for
 NEMO_FP8 = ("fp8-delayed", True, "hybrid")
 
 
+# Megatron-Bridge's mixed-precision recipes (src/megatron/bridge/training/mixed_precision.py, v0.2.0 through v0.5.1):
+# bf16_with_mxfp8_mixed and bf16_with_fp8_current_scaling_mixed set fp8_param_gather = True (v0.5.0 lines 255-265,
+# 285-302; the MXFP8 one also reuse_grad_buf_for_mxfp8_param_ag); bf16_with_fp8_subchannel_scaling_mixed (blockwise)
+# sets it False up to v0.3.x and True from v0.5.0 (v0.5.0 line 346). The performance scripts take them as they are
+# (scripts/performance/utils/precision.py get_precision_config: fp8_cs only turns first_last_layers_bf16 off).
+MBRIDGE_PARAM_GATHER = {"mxfp8": True, "fp8-tensorwise": True, "fp8-blockwise": False}
+
+
 class NotModelled(ValueError):
     """The row's precision is not expressible (the message is the reason)."""
 
@@ -22,7 +30,28 @@ def row_precision(row: dict, generation: str, engine_name: str, assumptions: lis
     fp8 rows name the class, not the recipe: NeMo's DGX-Cloud releases ran delayed scaling with fp8 parameters
     (``NEMO_FP8``); Megatron-Bridge's performance summaries label the recipe from 25.11 (FP8-CS: current =
     tensor-wise scaling, FP8-MX: MXFP8) and their 25.09 footnote gives the alternate granularity (Blackwell MXFP8
-    32x32, H100 128x128 blockwise), so a plain "FP8" there is read as current scaling."""
+    32x32, H100 128x128 blockwise), so a plain "FP8" there is read as current scaling. Megatron-Bridge rows carry the --fp8-param-gather their
+    mixed-precision recipe sets (``MBRIDGE_PARAM_GATHER``)."""
+    out = _row_precision(row, generation, engine_name, assumptions)
+    recipe = recipe_of_fields(out)
+    if "bridge" in engine_name.lower() and MBRIDGE_PARAM_GATHER.get(recipe):
+        out = {**out, "fp8_param_gather": True}
+        assumptions.append(f"--fp8-param-gather (Megatron-Bridge's {recipe} mixed-precision recipe sets "
+                           "fp8_param_gather = True) [the release's recipe]")
+    return out
+
+
+def recipe_of_fields(fields: dict) -> str:
+    """The precision class of Layout fields from ``fields_for`` ('bf16' for {})."""
+    if not fields:
+        return "bf16"
+    if fields.get("fp4_format"):
+        return "nvfp4"
+    r = fields.get("fp8_recipe")
+    return "mxfp8" if r == "mxfp8" else f"fp8-{r}"
+
+
+def _row_precision(row: dict, generation: str, engine_name: str, assumptions: list[str]) -> dict:
     pc = str(row.get("precision_class") or "")
     text = str(row.get("precision") or "").lower()
     if pc in ("bf16", "fp16", ""):
@@ -73,4 +102,4 @@ def _named_recipe(text: str) -> str | None:
     return next((recipe for token, recipe in _NAMES if token in text), None)
 
 
-__all__ = ["NotModelled", "row_precision", "NEMO_FP8"]
+__all__ = ["NotModelled", "row_precision", "NEMO_FP8", "MBRIDGE_PARAM_GATHER", "recipe_of_fields"]

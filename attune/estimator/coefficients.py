@@ -211,6 +211,12 @@ class Coefficients:
         0.60, "fraction of the dense FP8 peak", "MXFP8 (E8M0 scale per 32 elements) GEMMs on Blackwell tensor cores, "
         "which apply the block scales in hardware: 0.5-0.8 of the fp8 peak (NVIDIA Blackwell architecture "
         "whitepaper; TE MXFP8BlockScaling) [range, fitted]", bounds=(0.35, 0.90), precision=True)
+    fp8_attention_speedup: float = _c(
+        1.5, "x the bf16 fused attention's speed", "cuDNN FP8 fused attention (TE fp8_dpa: q, k, v cast to FP8, both "
+        "attention GEMMs on the FP8 tensor cores, TransformerEngine d0067d0da transformer_engine/common/recipe/"
+        "__init__.py:222-227) over the bf16 kernel: at most the FP8 / BF16 dense peak ratio, 2 on Hopper and Blackwell "
+        "(attune.spec.hardware); softmax and the casts stay at their bf16 cost [bounds derived, fitted]",
+        bounds=(1.0, 2.0), precision=True)
     nvfp4_gemm_efficiency: float = _c(
         0.50, "fraction of the dense FP4 peak", "NVFP4 GEMMs on Blackwell (E4M3 scale per 16 elements plus a "
         "tensor scale): no expressible corpus row, so not fitted [prior]")

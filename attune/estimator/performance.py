@@ -237,7 +237,8 @@ def _pipeline(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Work
     lp = lp_terms.plan(layout, gpu, coef)  # low-precision GEMMs and their quantize passes (issue 22)
     if lp is not None:
         times = lp_terms.layer_times(times, costs, engine, lp, peak, hbm, coef, layout.tp, tp_bw, tp_overlap)
-        moe_t = lp_terms.moe_times(moe_t, model, layout, shape, lp, peak, hbm, coef)
+        moe_t = lp_terms.moe_times(moe_t, model, layout, shape, lp, peak, hbm, coef,
+                                   lp_terms.fused_grouped_mlp(lp, engine))
     rec_full = layout.recompute_granularity == "full"
     n_rec = layout.recompute_num_layers or 0
     p, v, m = layout.pp, layout.vpp, b.microbatches

@@ -27,6 +27,19 @@ drives it through ``extensions/transformer_engine.py``; [recalled from the TE so
   tensor-scaled fp8 GEMMs take any layout (one copy). With ``--fp8-param-gather`` the parameter itself is the
   fp8 row-wise copy (the bf16 weight is gone; the fp32 master stays in the optimizer) and the all-gather moves
   one byte per parameter (Megatron-LM arguments.py:1421).
+* A quantized activation (a GEMM input in forward, an output gradient in backward) is written in each orientation
+  the GEMMs read it in: the fprop / dgrad GEMMs read it row-wise, the wgrad GEMM column-wise. MXFP8's 1x32 scale
+  blocks run along one axis, so TE computes both copies from the bf16 tensor ("when Transformer Engine needs both
+  the MXFP8 tensor and its transpose ... both versions are computed from the high precision input":
+  TransformerEngine d0067d0da transformer_engine/common/recipe/__init__.py:342-352); blockwise's 1x128 blocks
+  likewise; Hopper's fp8 GEMMs take only the TN layout, so a tensor-scaled fp8 tensor is written with its transpose
+  too; Blackwell's tensor-scaled fp8 GEMMs read either layout of one copy (``Plan.weight_copies`` counts the same
+  orientations for the cached weights).
+* Recipe kernels beyond the GEMMs (``Engine.fp8_attention`` / ``fused_grouped_mlp``, set by Megatron-Bridge's MXFP8
+  recipes from v0.5.0): FP8 dot-product attention runs the attention GEMMs on the FP8 tensor cores (fitted
+  ``fp8_attention_speedup``, bounded by the FP8 / BF16 peak ratio); TE's fused MXFP8 grouped MLP writes the
+  routed experts' SwiGLU output straight into the fc2 GEMM's MXFP8 input in the fc1 GEMM's epilogue (and fuses
+  dSwiGLU into the fc2 dgrad in backward), so the experts' activation pass and that quantize pass are gone.
 * Delayed scaling keeps, per fp8 GEMM, an amax history and a scale and inverse scale for each of its fp8
   tensors (input, weight and output gradient: 3), fp32 (TE ``DelayedScaling``, ``FP8GlobalStateManager``).
 """
@@ -84,11 +97,16 @@ class Plan:
     weight_copies: int
     """Quantized weight copies cached per step (row-wise, plus column-wise where the GEMMs need it)."""
     amax_pass: bool
-    """Tensor-wise current scaling reads each input once more for its amax."""
+    """Tensor-wise current scaling reads each input once more for its amax; so does NVFP4, whose second-level scale
+    is one fp32 number per tensor from the tensor's amax (TransformerEngine d0067d0da transformer_engine/common/
+    recipe/__init__.py:493-497: 16-element blocks with E4M3 scales, "a global per tensor FP32 scaling factor")."""
     param_gather: bool
     """``--fp8-param-gather``."""
     amax_history: int
     """Delayed scaling's amax window (Megatron's ``--fp8-amax-history-len`` default 1); 0 for other recipes."""
+    act_copies: int = 1
+    """Orientations each quantized activation is written in (row-wise, plus column-wise where the wgrad GEMM
+    cannot read the row-wise copy: the same rule as ``weight_copies``)."""
 
     @property
     def bytes_per_element(self) -> float:
@@ -97,9 +115,9 @@ class Plan:
 
     @property
     def quantize_bytes(self) -> float:
-        """HBM traffic per quantized input element: read bf16 (twice with an amax pass), write the copy (the GEMM
-        input copy in forward; in backward the same for the output gradient)."""
-        return BF16 * (2 if self.amax_pass else 1) + self.bytes_per_element
+        """HBM traffic per quantized input element: read bf16 (twice with an amax pass), write each orientation's
+        copy (the GEMM input in forward; in backward the same for the output gradient)."""
+        return BF16 * (2 if self.amax_pass else 1) + self.act_copies * self.bytes_per_element
 
 
 def plan(layout: Layout, gpu: GPU, coef: Coefficients) -> Plan | None:
@@ -123,8 +141,8 @@ def plan(layout: Layout, gpu: GPU, coef: Coefficients) -> Plan | None:
     scale = {"fp8-blockwise": FP32 / 128, "mxfp8": 1 / 32, "nvfp4": 1 / 16}.get(recipe, 0.0)
     copies = 1 if (blackwell and recipe in ("fp8-delayed", "fp8-tensorwise")) else 2
     return Plan(recipe=recipe, peak=peak * 1e12 * peak_ratio(gpu, coef), efficiency=eff, data_bytes=data, scale_bytes=scale,
-                weight_copies=copies, amax_pass=recipe == "fp8-tensorwise", param_gather=layout.fp8_param_gather,
-                amax_history=1 if recipe == "fp8-delayed" else 0)
+                weight_copies=copies, amax_pass=recipe in ("fp8-tensorwise", "nvfp4"), param_gather=layout.fp8_param_gather,
+                amax_history=1 if recipe == "fp8-delayed" else 0, act_copies=copies)
 
 
 def _fp8_gemm(kind: str, engine: Engine, n_gemms: int) -> tuple[bool, ...]:
@@ -206,6 +224,9 @@ def layer_times(times: dict[str, dict], costs: dict[str, LayerCost], engine: Eng
         quant = p.quantize_bytes * gemm_input_bytes(c, kind, engine) / BF16 / (hbm * coef.hbm_efficiency)
         out[kind] = {**t, "fwd_gemm": g, "bwd_gemm": 2 * g, "fwd_memory": t["fwd_memory"] + quant,
                      "bwd_memory": t["bwd_memory"] + BACKWARD_QUANTIZE_RATIO * quant}
+        if engine.fp8_attention:  # cuDNN FP8 fused attention, forward and backward (Engine.fp8_attention)
+            out[kind]["fwd_attention"] = t["fwd_attention"] / coef.fp8_attention_speedup
+            out[kind]["bwd_attention"] = t["bwd_attention"] / coef.fp8_attention_speedup
         if tp_overlap and tp > 1 and tp_bw > 0:
             vol = (tp - 1) / tp * c.tp_coll_bytes * (2 if c.tp_allreduce else 1)
             per = vol / tp_bw + coef.collective_latency_s
@@ -214,18 +235,30 @@ def layer_times(times: dict[str, dict], costs: dict[str, LayerCost], engine: Eng
     return out
 
 
+def fused_grouped_mlp(p: Plan, engine: Engine) -> bool:
+    """TE's fused grouped MLP runs: the recipe turns it on (``Engine.fused_grouped_mlp``) and the GEMMs are MXFP8 or
+    NVFP4, the block-scaled formats its kernels take (TE d0067d0da ops/fused/grouped_mlp.py: MXFP8Tensor /
+    NVFP4Tensor inputs; docs/examples/te_mixtral/te_mixtral_mxfp8.py:9-10 ``ForwardGroupedMLP_CuTeGEMMSwiGLU_MXFP8``)."""
+    return engine.fused_grouped_mlp and p.recipe in ("mxfp8", "nvfp4")
+
+
 def moe_times(moe_t: dict[str, float], model: ModelSpec, layout: Layout, shape: Shape, p: Plan, peak: float,
-              hbm: float, coef: Coefficients) -> dict[str, float]:
+              hbm: float, coef: Coefficients, fused: bool = False) -> dict[str, float]:
     """The routed experts' grouped GEMMs in low precision (the router stays bf16: it is a small share of the
-    GEMM time and is kept in it) and the quantize passes over the routed tokens' GEMM inputs."""
+    GEMM time and is kept in it) and the quantize passes over the routed tokens' GEMM inputs. ``fused``
+    (``fused_grouped_mlp``): the SwiGLU pass (``fwd_act_memory``) and the fc2 input's quantize pass are in the fc1
+    GEMM's epilogue, forward and backward."""
     if not moe_t:
         return moe_t
     ratio = peak * coef.gemm_efficiency / (p.peak * p.efficiency)
     R = moe_terms.routed_tokens(layout, shape, model.moe.top_k)
-    elems = R * (model.hidden + model.moe.expert_ffn / layout.etp)  # grouped fc1 and fc2 inputs
+    f = model.moe.expert_ffn / layout.etp
+    elems = R * (model.hidden + (0.0 if fused else f))  # grouped fc1 and fc2 inputs quantized by their own pass
     quant = p.quantize_bytes * elems / (hbm * coef.hbm_efficiency)
+    act = moe_t.get("fwd_act_memory", 0.0) if fused else 0.0
     return {**moe_t, "fwd_gemm": moe_t["fwd_gemm"] * ratio, "bwd_gemm": moe_t["bwd_gemm"] * ratio,
-            "fwd_memory": moe_t["fwd_memory"] + quant, "bwd_memory": moe_t["bwd_memory"] + BACKWARD_QUANTIZE_RATIO * quant}
+            "fwd_memory": moe_t["fwd_memory"] - act + quant,
+            "bwd_memory": moe_t["bwd_memory"] - coef.backward_memory_ratio * act + BACKWARD_QUANTIZE_RATIO * quant}
 
 
 def param_gather_bytes(layout: Layout) -> float:
@@ -281,5 +314,5 @@ def dense_kinds(chunks) -> list[tuple[str, int]]:
     return list(from_kinds.items())
 
 
-__all__ = ["Plan", "plan", "quantized_costs", "layer_times", "moe_times", "param_gather_bytes", "linear_params",
+__all__ = ["Plan", "plan", "quantized_costs", "layer_times", "moe_times", "fused_grouped_mlp", "param_gather_bytes", "linear_params",
            "stage_memory", "weight_cast_seconds", "dense_kinds", "gemm_input_bytes"]

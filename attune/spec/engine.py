@@ -98,6 +98,16 @@ class Engine:
     # (attune/calibrate/mbridge_recipes.yaml); it prices the host launch time the MoE layers' device-to-host syncs
     # expose (attune.estimator.moe.host_exposed_s)
     cuda_graphs: str = "none"
+    # low-precision kernels a recipe turns on beyond the GEMMs (issue 22; read only with fp8 / fp4 GEMMs, see
+    # attune.estimator.precision): fp8_attention = megatron-core fp8_dot_product_attention (transformer_config.py:482,
+    # passed to TE as the recipe's fp8_dpa, extensions/transformer_engine.py:2210): cuDNN fused attention in FP8
+    # (TransformerEngine d0067d0da transformer_engine/common/recipe/__init__.py:222-227); fused_grouped_mlp =
+    # Megatron-Bridge's cutedsl_fused_grouped_mlp (NVTE_CUTEDSL_FUSED_GROUPED_MLP=1, v0.5.0 scripts/performance/
+    # perf_plugins.py:308): TE's fused MXFP8 grouped MLP, fc1 grouped GEMM + SwiGLU + the fc2 input's MXFP8 quantize
+    # in one kernel (TE d0067d0da docs/examples/te_mixtral/te_mixtral_mxfp8.py:5-17, ops/fused/grouped_mlp.py).
+    # Megatron-Bridge's MXFP8 recipes set both from v0.5.0 (attune/calibrate/mbridge_recipes.yaml)
+    fp8_attention: bool = False
+    fused_grouped_mlp: bool = False
     # the column-parallel linears' backward launches the input-gradient TP all-reduce (reduce-scatter under SP)
     # asynchronously and computes the weight gradient under it: megatron-core tensor_parallel/layers.py lines
     # 548-566 at 1dcf0daf (and TE's linears); in Megatron-LM since 2021 (--no-async-tensor-model-parallel-allreduce,

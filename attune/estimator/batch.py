@@ -18,13 +18,22 @@ one (scalar) place until it settles.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import cached_property
 
 import numpy as np
 
 from attune.errors import LayoutError
 from attune.estimator.batch_memory import BatchStageMemory, stage_memory
-from attune.estimator.batch_place import place_batch
-from attune.estimator.batch_tables import kind_tables, knob_tables, overhead_tables
+from attune.estimator.batch_place import batching, place_batch
+from attune.estimator.batch_tables import (
+    KindTables,
+    KnobTables,
+    OverheadTables,
+    group_ids,
+    kind_tables,
+    knob_tables,
+    overhead_tables,
+)
 from attune.estimator.batch_time import (
     BatchStageTime,
     BatchStep,
@@ -48,39 +57,67 @@ from attune.spec.model import ModelSpec
 from .coefficients import Coefficients, coefficients_for
 
 
-@dataclass
+@dataclass(frozen=True)
+class StagePiece:
+    """The per-stage records of some rows of a batch (one (PP, VPP) group, or one scalar row)."""
+
+    rows: np.ndarray
+    """Their row numbers in the batch."""
+    stage: np.ndarray
+    time: BatchStageTime
+    memory: BatchStageMemory
+
+
 class BatchEstimate:
     """Memory and speed of every row of a batch: arrays ``[rows]`` and, per stage, ``[rows, stages]`` (stages up
-    to the batch's largest PP; ``stage`` masks the ones a row has)."""
+    to the batch's largest PP; ``stage`` masks the ones a row has). The per-stage records are assembled in row order
+    when first read (a search reads the per-row figures only)."""
 
-    stage: np.ndarray
-    """[N, S] the row has this pipeline stage."""
-    time: BatchStageTime
-    """Per stage, one microbatch: forward / backward GEMM, attention, GDN, memory-bound work, recompute, exposed
-    TP / CP / PP / EP communication, activation offload."""
-    step: BatchStep
-    """Per row: pipeline, bubble, exposed DP communication, optimizer, overhead, step time, critical stage."""
-    memory: BatchStageMemory
-    """Per stage: weights, grads, optimizer states, activations, logits, each named overhead; allocated, reserved
-    and total peaks."""
-    tokens_per_s_per_gpu: np.ndarray
-    mfu: np.ndarray
-    usd_per_million_tokens: np.ndarray
-    peak_gib: np.ndarray
-    """The largest stage's total (what the verdict compares with capacity_gib)."""
-    peak_allocated_gib: np.ndarray
-    peak_reserved_gib: np.ndarray
-    peak_stage: np.ndarray
-    host_needed_gib: np.ndarray
-    """CPU-offloaded optimizer state per node, GiB."""
-    host_capacity_gib: float
-    capacity_gib: float
-    fits: np.ndarray
-    scalar_rows: np.ndarray
-    """[N] rows estimated by the scalar composition (``scalar_rows``), not the array engine."""
+    def __init__(self, *, step: BatchStep, tokens_per_s_per_gpu: np.ndarray, mfu: np.ndarray,
+                 usd_per_million_tokens: np.ndarray, peak_gib: np.ndarray, peak_allocated_gib: np.ndarray,
+                 peak_reserved_gib: np.ndarray, peak_stage: np.ndarray, host_needed_gib: np.ndarray,
+                 host_capacity_gib: float, capacity_gib: float, fits: np.ndarray, scalar_rows: np.ndarray,
+                 pieces: list[StagePiece]) -> None:
+        self.step = step
+        """Per row: pipeline, bubble, exposed DP communication, optimizer, overhead, step time, critical stage."""
+        self.tokens_per_s_per_gpu, self.mfu, self.usd_per_million_tokens = tokens_per_s_per_gpu, mfu, usd_per_million_tokens
+        self.peak_gib = peak_gib
+        """The largest stage's total (what the verdict compares with capacity_gib), GiB."""
+        self.peak_allocated_gib, self.peak_reserved_gib, self.peak_stage = peak_allocated_gib, peak_reserved_gib, peak_stage
+        self.host_needed_gib = host_needed_gib
+        """CPU-offloaded optimizer state per node, GiB."""
+        self.host_capacity_gib, self.capacity_gib, self.fits = host_capacity_gib, capacity_gib, fits
+        self.scalar_rows = scalar_rows
+        """[N] rows estimated by the scalar composition (``scalar_rows``), not the array engine."""
+        self.pieces = pieces
 
     def __len__(self) -> int:
         return len(self.fits)
+
+    @cached_property
+    def stage(self) -> np.ndarray:
+        """[N, S] the row has this pipeline stage."""
+        return _merge_array(self._order, self._stages, [p.stage for p in self.pieces])
+
+    @cached_property
+    def time(self) -> BatchStageTime:
+        """Per stage, one microbatch: forward / backward GEMM, attention, GDN, memory-bound work, recompute, exposed
+        TP / CP / PP / EP communication, activation offload, seconds."""
+        return _merge_record(BatchStageTime, self._order, self._stages, [p.time for p in self.pieces])
+
+    @cached_property
+    def memory(self) -> BatchStageMemory:
+        """Per stage: weights, grads, optimizer states, activations, logits, each named overhead; allocated,
+        reserved and total peaks, GiB."""
+        return _merge_record(BatchStageMemory, self._order, self._stages, [p.memory for p in self.pieces])
+
+    @property
+    def _order(self) -> np.ndarray:
+        return np.concatenate([p.rows for p in self.pieces])
+
+    @property
+    def _stages(self) -> int:
+        return max(p.stage.shape[1] for p in self.pieces)
 
 
 def scalar_rows(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, engine: Engine) -> np.ndarray:
@@ -95,13 +132,30 @@ def scalar_rows(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, engine:
 
 def _array_estimate(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: Workload, engine: Engine,
                     coef: Coefficients) -> BatchEstimate:
-    """The array engine on rows it covers."""
-    pl = place_batch(model, cols, workload, engine)
-    kt = kind_tables(model, cluster, cols, pl.tokens_per_gpu, workload, engine, coef)
+    """The array engine on rows it covers: the shared tables once, then each (PP, VPP) group of rows without
+    padding (stages and chunks are whole arrays there)."""
+    _, tokens, _ = batching(cols, workload, engine)
+    kt = kind_tables(model, cluster, cols, tokens, workload, engine, coef)
     kn = knob_tables(model, cols, kt, engine)
     ot = overhead_tables(model, cluster, cols, workload, engine, coef)
-    st = stage_times(model, cluster, cols, pl, kt, kn, pp_send_seconds(model, cluster, cols, pl.tokens_per_gpu,
-                                                                       engine, coef))
+    pp_send = pp_send_seconds(model, cluster, cols, tokens, engine, coef)
+    gid, first = group_ids(cols["pp"], cols["vpp"])
+    if len(first) == 1:
+        return _group_estimate(model, cluster, cols, workload, engine, coef, kt, kn, ot, pp_send)
+    pieces = []
+    for g in range(len(first)):
+        idx = np.flatnonzero(gid == g)
+        pieces.append((idx, _group_estimate(model, cluster, cols.take(idx), workload, engine, coef, kt.rows(idx),
+                                            kn.rows(idx), ot.rows(idx), pp_send[idx])))
+    return _merge(pieces)
+
+
+def _group_estimate(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: Workload, engine: Engine,
+                    coef: Coefficients, kt: KindTables, kn: KnobTables, ot: OverheadTables,
+                    pp_send: np.ndarray) -> BatchEstimate:
+    """Rows of one (PP, VPP): placement, per-stage times and memory, the step and the verdict."""
+    pl = place_batch(model, cols, workload, engine)
+    st = stage_times(model, cluster, cols, pl, kt, kn, pp_send)
     params = stage_params(model, cols, pl, kt)
     pipe, bubble, crit, _ = pipeline(st, pl)
     dp_s = dp_seconds(cluster, cols, engine, coef, pl, st, params)
@@ -129,12 +183,12 @@ def _finish(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: W
     with np.errstate(divide="ignore"):
         usd = np.where(tps > 0, gpu.usd_per_hour / 3600.0 / tps * 1e6, np.inf)  # metrics.usd_per_million_tokens
     return BatchEstimate(
-        stage=stage, time=st, step=step, memory=mem, tokens_per_s_per_gpu=tps,
-        mfu=model_flops_utilization(tps, model, gpu), usd_per_million_tokens=usd, peak_gib=peak,
-        peak_allocated_gib=np.where(stage, mem.allocated_gib, -np.inf).max(axis=1),
+        step=step, tokens_per_s_per_gpu=tps, mfu=model_flops_utilization(tps, model, gpu), usd_per_million_tokens=usd,
+        peak_gib=peak, peak_allocated_gib=np.where(stage, mem.allocated_gib, -np.inf).max(axis=1),
         peak_reserved_gib=np.where(stage, mem.reserved_gib, -np.inf).max(axis=1), peak_stage=np.argmax(total, axis=1),
         host_needed_gib=host_needed, host_capacity_gib=host_cap, capacity_gib=gpu.capacity_gib,
-        fits=(peak <= gpu.capacity_gib) & (host_needed <= host_cap), scalar_rows=scalar)
+        fits=(peak <= gpu.capacity_gib) & (host_needed <= host_cap), scalar_rows=scalar,
+        pieces=[StagePiece(np.arange(len(peak)), stage, st, mem)])
 
 
 def _one_row(mem: MemoryEstimate, perf: PerfEstimate) -> BatchEstimate:
@@ -152,53 +206,59 @@ def _one_row(mem: MemoryEstimate, perf: PerfEstimate) -> BatchEstimate:
                      row(perf.overhead_s), row(perf.step_time_s), np.array([b.critical_stage]),
                      np.array([mem.batch.microbatches]))
     return BatchEstimate(
-        stage=np.ones((1, len(ms)), dtype=bool), time=time, step=step, memory=memory,
-        tokens_per_s_per_gpu=row(perf.tokens_per_s_per_gpu), mfu=row(perf.mfu),
+        step=step, tokens_per_s_per_gpu=row(perf.tokens_per_s_per_gpu), mfu=row(perf.mfu),
         usd_per_million_tokens=row(perf.usd_per_million_tokens), peak_gib=row(mem.peak_gib),
         peak_allocated_gib=row(mem.peak_allocated_gib), peak_reserved_gib=row(mem.peak_reserved_gib),
         peak_stage=np.array([mem.peak_stage]), host_needed_gib=row(mem.host_needed_gib),
         host_capacity_gib=mem.host_capacity_gib, capacity_gib=mem.capacity_gib, fits=np.array([mem.fits]),
-        scalar_rows=np.array([True]))
+        scalar_rows=np.array([True]), pieces=[StagePiece(np.zeros(1, np.int64), np.ones((1, len(ms)), dtype=bool),
+                                                          time, memory)])
 
 
-def _merge_array(n: int, S: int, pieces: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-    """One [n] or [n, S] array from (row indices, array) pieces (stages past a piece's own are 0 / False)."""
-    a0 = pieces[0][1]
-    out = np.zeros((n, S) if a0.ndim == 2 else (n,), dtype=a0.dtype)
-    for idx, a in pieces:
-        if a.ndim == 2:
-            out[idx, :a.shape[1]] = a
-        else:
-            out[idx] = a
-    return out
+def _merge_array(order: np.ndarray, S: int, pieces: list[np.ndarray]) -> np.ndarray:
+    """One [n] or [n, S] array from pieces holding the rows ``order`` lists, in that order (stages past a piece's own
+    are 0 / False): the pieces are stacked, then put back in row order with one gather."""
+    if pieces[0].ndim == 2:
+        out = np.zeros((len(order), S), dtype=pieces[0].dtype)
+        at = 0
+        for a in pieces:
+            out[at:at + len(a), :a.shape[1]] = a
+            at += len(a)
+    else:
+        out = np.concatenate(pieces)
+    back = np.empty_like(order)
+    back[order] = np.arange(len(order))
+    return out[back]
 
 
-def _merge_record(cls, n: int, S: int, pieces: list[tuple[np.ndarray, object]]):
+def _merge_record(cls, order: np.ndarray, S: int, pieces: list):
     """A record of arrays (BatchStageTime, BatchStep, BatchStageMemory) merged field by field."""
     out = {}
     for f in fields(cls):
         if f.name == "overheads":
-            names = list(dict.fromkeys(k for _, r in pieces for k in r.overheads))
-            out[f.name] = {k: _merge_array(n, S, [(i, r.overheads.get(k, np.zeros_like(r.params))) for i, r in pieces])
+            names = list(dict.fromkeys(k for r in pieces for k in r.overheads))
+            out[f.name] = {k: _merge_array(order, S, [r.overheads.get(k, np.zeros_like(r.params)) for r in pieces])
                            for k in names}
         else:
-            out[f.name] = _merge_array(n, S, [(i, getattr(r, f.name)) for i, r in pieces])
+            out[f.name] = _merge_array(order, S, [getattr(r, f.name) for r in pieces])
     return cls(**out)
 
 
-def _merge(n: int, pieces: list[tuple[np.ndarray, BatchEstimate]]) -> BatchEstimate:
-    """The batch from estimates of disjoint row sets (array rows, scalar rows), in row order."""
-    S = max(b.stage.shape[1] for _, b in pieces)
-    records = {"time": BatchStageTime, "step": BatchStep, "memory": BatchStageMemory}
-    out = {}
-    for f in fields(BatchEstimate):
-        if f.name in records:
-            out[f.name] = _merge_record(records[f.name], n, S, [(i, getattr(b, f.name)) for i, b in pieces])
-        elif f.name in ("host_capacity_gib", "capacity_gib"):
-            out[f.name] = getattr(pieces[0][1], f.name)
-        else:
-            out[f.name] = _merge_array(n, S, [(i, getattr(b, f.name)) for i, b in pieces])
-    return BatchEstimate(**out)
+ROW_FIELDS = ("tokens_per_s_per_gpu", "mfu", "usd_per_million_tokens", "peak_gib", "peak_allocated_gib",
+              "peak_reserved_gib", "peak_stage", "host_needed_gib", "fits", "scalar_rows")
+"""The [rows] arrays of a BatchEstimate besides ``step``."""
+
+
+def _merge(pieces: list[tuple[np.ndarray, BatchEstimate]]) -> BatchEstimate:
+    """The batch from estimates of disjoint row sets (row indices, estimate) covering every row, in row order; the
+    per-stage pieces are kept as they are (renumbered), to be assembled when read."""
+    order = np.concatenate([i for i, _ in pieces])
+    ests = [b for _, b in pieces]
+    row = {k: _merge_array(order, 1, [getattr(b, k) for b in ests]) for k in ROW_FIELDS}
+    stage_pieces = [StagePiece(i[p.rows], p.stage, p.time, p.memory) for i, b in pieces for p in b.pieces]
+    return BatchEstimate(step=_merge_record(BatchStep, order, 1, [b.step for b in ests]),
+                         host_capacity_gib=ests[0].host_capacity_gib, capacity_gib=ests[0].capacity_gib,
+                         pieces=stage_pieces, **row)
 
 
 def estimate_batch(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: Workload, engine: Engine,
@@ -207,7 +267,6 @@ def estimate_batch(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, work
     the cluster's GPU generation (``coefficients_for``), as ``estimate`` does. Rows ``scalar_rows`` selects go
     through the scalar composition (``estimate_parts``), the others through the array engine."""
     coef = coef if coef is not None else coefficients_for(cluster.gpu)
-    n = len(cols)
     scalar = scalar_rows(model, cluster, cols, engine)
     pieces: list[tuple[np.ndarray, BatchEstimate]] = []
     if not scalar.all():
@@ -221,4 +280,4 @@ def estimate_batch(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, work
         pieces.append((np.array([i]), _one_row(mem, perf)))
     if not pieces:
         raise LayoutError("estimate_batch: an empty batch (give at least one layout)")
-    return _merge(n, pieces)
+    return _merge(pieces)

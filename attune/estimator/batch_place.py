@@ -13,6 +13,7 @@ by ``placement.virtual_stage_counts``. Virtual stage ``i`` sits on rank ``i % PP
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -23,7 +24,7 @@ from attune.spec.model import ModelSpec
 from attune.spec.placement import stage_layer_counts, virtual_stage_counts
 
 
-@dataclass(frozen=True)
+@dataclass
 class BatchPlacement:
     """A batch of layouts placed on one model (arrays; N rows, S stages, C chunks, K layer kinds)."""
 
@@ -44,12 +45,12 @@ class BatchPlacement:
         """[N, S, C] layers of each chunk."""
         return self.stop - self.start
 
-    @property
+    @cached_property
     def is_first(self) -> np.ndarray:
         """[N, S] the stage holds the input embedding."""
         return (np.arange(self.stage.shape[1]) == 0)[None, :] & self.stage
 
-    @property
+    @cached_property
     def is_last(self) -> np.ndarray:
         """[N, S] the stage holds the output layer and the loss."""
         return np.arange(self.stage.shape[1])[None, :] == (self.pp - 1)[:, None]

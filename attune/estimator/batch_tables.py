@@ -11,7 +11,7 @@ group. So the array engine reads the same numbers the scalar path computes, by c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -33,19 +33,27 @@ TIME_KEYS = ("fwd_gemm", "fwd_attention", "fwd_gdn", "fwd_memory", "bwd_gemm", "
 
 
 def object_ids(col: np.ndarray) -> np.ndarray:
-    """An int id per distinct value of an object column (None, strings, tuples), in order of first appearance."""
+    """An int id per distinct value of an object column (None, strings, tuples): equal values, equal ids. Rows
+    holding the same object (as an enumeration's do) are grouped by identity first, then the few objects by value."""
+    ident = np.fromiter(map(id, col), dtype=np.int64, count=len(col))
+    u, first, inv = np.unique(ident, return_index=True, return_inverse=True)
     seen: dict = {}
-    return np.fromiter((seen.setdefault(x, len(seen)) for x in col), dtype=np.int64, count=len(col))
+    by_value = np.array([seen.setdefault(col[i], len(seen)) for i in first], dtype=np.int64)
+    return by_value[inv]
 
 
 def group_ids(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(group per row, first row of each group) for rows equal on every column (int / bool arrays)."""
     code = np.zeros(len(cols[0]), dtype=np.int64)
     for c in cols:
-        u, inv = np.unique(c, return_inverse=True)
-        code = np.unique(code * len(u) + inv, return_inverse=True)[1]
+        c = c.astype(np.int64)
+        lo = int(c.min()) if len(c) else 0
+        span = (int(c.max()) - lo + 1) if len(c) else 1
+        if int(code.max(initial=0)) * span + span >= 2**62:  # keep the mixed-radix code inside int64
+            code = np.unique(code, return_inverse=True)[1]
+        code = code * span + (c - lo)
     _, first, inv = np.unique(code, return_index=True, return_inverse=True)
-    return inv, first
+    return inv.reshape(-1), first
 
 
 def tp_overlap(cols: LayoutColumns, engine: Engine) -> np.ndarray:
@@ -70,6 +78,10 @@ class KindTables:
     logits_memory_s: np.ndarray  # [G] softmax / loss HBM passes over the logits, seconds
     embedding_memory_s: np.ndarray  # [G] the embedding lookup's HBM write, seconds
     time_dicts: list  # per group: {kind: _layer_parts dict}
+
+    def rows(self, idx: np.ndarray):
+        """The same tables for a subset of the rows (``LayoutColumns.take(idx)``)."""
+        return replace(self, gid=self.gid[idx])
 
 
 def kind_tables(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, tokens: np.ndarray, workload: Workload,
@@ -119,6 +131,10 @@ class KnobTables:
     seconds: np.ndarray  # [G, K] selective recompute's extra backward seconds per layer (offload.recompute_seconds)
     offloaded: np.ndarray  # [G, K] bytes activation offload sends to the host per layer (offload.offloaded_bytes)
 
+    def rows(self, idx: np.ndarray):
+        """The same tables for a subset of the rows (``LayoutColumns.take(idx)``)."""
+        return replace(self, gid=self.gid[idx])
+
 
 def knob_tables(model: ModelSpec, cols: LayoutColumns, kt: KindTables, engine: Engine) -> KnobTables:
     gid, first = group_ids(kt.gid, object_ids(cols["recompute_granularity"]), object_ids(cols["recompute_modules"]),
@@ -144,6 +160,10 @@ class OverheadTables:
     gid: np.ndarray  # [N]
     names: tuple[str, ...]  # in the order memory.fixed_overheads adds them
     values: np.ndarray  # [G, 4, len(names)]: stage class 2 x first + last; 0 where the name is absent
+
+    def rows(self, idx: np.ndarray):
+        """The same tables for a subset of the rows (``LayoutColumns.take(idx)``)."""
+        return replace(self, gid=self.gid[idx])
 
 
 def overhead_tables(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: Workload, engine: Engine,

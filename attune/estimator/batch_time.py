@@ -114,16 +114,23 @@ def recomputed_kinds(model: ModelSpec, cols: LayoutColumns, pl: BatchPlacement) 
     return kinds_between(kind_prefix(model), pl.start, pl.start + k)
 
 
-def _chunk_kinds(parts: dict, fwd_comm: np.ndarray, n: np.ndarray, nr: np.ndarray, t: np.ndarray) -> None:
-    """One chunk's layers of one kind: forward and backward compute, full recompute, TP and CP comm."""
+def _chunk_kinds(parts: dict, fwd_comm: np.ndarray, n: np.ndarray, nr: np.ndarray, t: np.ndarray,
+                 tmp: np.ndarray) -> None:
+    """One chunk's layers of one kind (``n``, of which ``nr`` recomputed in full; ``t``: the kind's TIME_KEYS x
+    rows): forward and backward compute, full recompute, TP and CP comm. ``tmp``: scratch of parts' shape."""
+    def add(key: str, count: np.ndarray, col: int) -> None:
+        np.multiply(count, t[col][:, None], out=tmp)
+        np.add(parts[key], tmp, out=parts[key])
+
     for key in ("gemm", "attention", "gdn", "memory"):
-        parts["fwd_" + key] += n * t[:, _T["fwd_" + key], None]
-        parts["bwd_" + key] += n * t[:, _T["bwd_" + key], None]
-    f = t[:, _T["fwd_gemm"]] + t[:, _T["fwd_attention"]] + t[:, _T["fwd_gdn"]] + t[:, _T["fwd_memory"]]
+        add("fwd_" + key, n, _T["fwd_" + key])
+        add("bwd_" + key, n, _T["bwd_" + key])
+    f = t[_T["fwd_gemm"]] + t[_T["fwd_attention"]] + t[_T["fwd_gdn"]] + t[_T["fwd_memory"]]
     parts["recompute"] += nr * f[:, None]
-    parts["tp_comm"] += (n + nr) * t[:, _T["tp_fwd"], None] + n * t[:, _T["tp_bwd"], None]
-    parts["cp_comm"] += (n + nr) * t[:, _T["cp_fwd"], None] + n * t[:, _T["cp_bwd"], None]
-    fwd_comm += t[:, _T["tp_fwd"], None] * n + t[:, _T["cp_fwd"], None] * n
+    both = n + nr
+    parts["tp_comm"] += both * t[_T["tp_fwd"]][:, None] + n * t[_T["tp_bwd"]][:, None]
+    parts["cp_comm"] += both * t[_T["cp_fwd"]][:, None] + n * t[_T["cp_bwd"]][:, None]
+    fwd_comm += t[_T["tp_fwd"]][:, None] * n + t[_T["cp_fwd"]][:, None] * n
 
 
 def _offload_exposed(n: np.ndarray, nr: np.ndarray, T: np.ndarray, off: np.ndarray, pcie_gbps: float) -> np.ndarray:
@@ -145,13 +152,15 @@ def stage_times(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, pl: Bat
     """Per stage and microbatch: ``performance._pipeline``'s per-stage loop over rows."""
     N, S, C, K = pl.kinds.shape
     T, rs, off = kt.times[kt.gid], kn.seconds[kn.gid], kn.offloaded[kn.gid]
-    rec = recomputed_kinds(model, cols, pl)
+    rec = recomputed_kinds(model, cols, pl).astype(np.float64)
+    kinds = pl.kinds.astype(np.float64)
+    Tk = [np.ascontiguousarray(T[:, k].T) for k in range(K)]  # per kind: TIME_KEYS x rows
     parts = {k: np.zeros((N, S)) for k in PARTS}
-    fwd_comm = np.zeros((N, S))
+    fwd_comm, tmp = np.zeros((N, S)), np.empty((N, S))
     for c in range(C):
-        n_c, r_c = pl.kinds[:, :, c], rec[:, :, c]
+        n_c, r_c = kinds[:, :, c], rec[:, :, c]
         for k in range(K):
-            _chunk_kinds(parts, fwd_comm, n_c[..., k], r_c[..., k], T[:, k])
+            _chunk_kinds(parts, fwd_comm, n_c[..., k], r_c[..., k], Tk[k], tmp)
         for k in range(K):  # selective recompute: the recomputed modules' forward again (0 without it)
             parts["recompute"] += n_c[..., k] * rs[:, k, None]
         parts["act_offload"] += _offload_exposed(n_c, r_c, T, off, cluster.gpu.pcie_gbps)

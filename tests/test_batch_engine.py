@@ -17,7 +17,7 @@ import pytest
 
 from attune.errors import AttuneError, LayoutError
 from attune.estimator import estimate, estimate_batch
-from attune.estimator.batch import scalar_rows
+from attune.estimator.batch import estimate_terms, scalar_rows
 from attune.estimator.coefficients import DEFAULT
 from attune.search.space import SearchSpace, load_space
 from attune.spec.columns import LayoutColumns
@@ -28,11 +28,6 @@ from attune.spec.model import load_model
 from attune.spec.precision import fields_for
 
 RTOL = 1e-9
-STEP = ("pipeline_s", "bubble_s", "dp_comm_s", "optimizer_s", "overhead_s", "step_time_s")
-STAGE_T = ("forward_s", "backward_s", "compute_s", "comm_s")
-STAGE_M = ("params", "weights_gib", "grads_gib", "optimizer_gib", "activations_gib", "logits_gib", "overhead_gib",
-           "host_optimizer_gib", "inflight_microbatches", "allocated_gib", "reserved_gib", "total_gib",
-           "expert_params", "expert_weights_gib", "expert_grads_gib", "expert_optimizer_gib", "expert_activations_gib")
 # fields the space does not search, flipped at random (rows an invalid flip breaks are dropped by the scalar path)
 FLIPS = {"precision": "fp16", "distributed_optimizer": False, "precision_aware_optimizer": False,
          "overlap_cpu_optimizer": False, "overlap_grad_reduce": True, "overlap_param_gather": True,
@@ -40,36 +35,15 @@ FLIPS = {"precision": "fp16", "distributed_optimizer": False, "precision_aware_o
 
 
 def scalar_terms(e) -> dict[str, float]:
-    """Every term of a scalar estimate by name (stage terms as name[stage])."""
-    m, p = e.memory, e.perf
-    out = {k: getattr(p, k) for k in STEP}
-    out.update(tps=p.tokens_per_s_per_gpu, mfu=p.mfu, usd=p.usd_per_million_tokens, peak=m.peak_gib,
-               peak_allocated=m.peak_allocated_gib, peak_reserved=m.peak_reserved_gib, peak_stage=m.peak_stage,
-               host=m.host_needed_gib, fits=float(m.fits), critical=p.breakdown.critical_stage,
-               microbatches=m.batch.microbatches)
-    for s, (ts, ms) in enumerate(zip(p.stages, m.stages)):
-        out.update({f"{k}[{s}]": v for k, v in ts.parts.items()})
-        out.update({f"{k}[{s}]": getattr(ts, k) for k in STAGE_T})
-        out.update({f"{k}[{s}]": getattr(ms, k) for k in STAGE_M})
-        out.update({f"overhead.{k}[{s}]": v for k, v in ms.overheads.items()})
-    return out
+    return estimate_terms(e.memory, e.perf)
 
 
 def batch_terms(b, i: int) -> dict[str, float]:
-    """The same names from row i of a BatchEstimate (a named overhead a stage does not have reads 0)."""
-    out = {k: getattr(b.step, k)[i] for k in STEP}
-    out.update(tps=b.tokens_per_s_per_gpu[i], mfu=b.mfu[i], usd=b.usd_per_million_tokens[i], peak=b.peak_gib[i],
-               peak_allocated=b.peak_allocated_gib[i], peak_reserved=b.peak_reserved_gib[i],
-               peak_stage=b.peak_stage[i], host=b.host_needed_gib[i], fits=float(b.fits[i]),
-               critical=b.step.critical_stage[i], microbatches=b.step.microbatches[i])
-    for s in np.flatnonzero(b.stage[i]):
-        out.update({f"{f.name}[{s}]": getattr(b.time, f.name)[i, s] for f in dataclasses.fields(b.time)})
-        out.update({f"{k}[{s}]": getattr(b.memory, k)[i, s] for k in STAGE_M})
-        out.update({f"overhead.{k}[{s}]": v[i, s] for k, v in b.memory.overheads.items()})
-    return out
+    return b.terms(i)
 
 
 def mismatches(a: dict, b: dict) -> list[str]:
+    assert len(a) > 40 and len(b) > 40  # every stage's parts, memory terms and overheads, and the step's
     bad = [f"{k}: missing in the batch" for k in a if k not in b]
     for k, v in a.items():
         w = b.get(k, 0.0 if k.startswith("overhead.") else None)

@@ -94,6 +94,20 @@ class BatchEstimate:
     def __len__(self) -> int:
         return len(self.fits)
 
+    def terms(self, i: int) -> dict[str, float]:
+        """Every term of row i by name, as ``estimate_terms`` names a scalar estimate's (stage terms as
+        ``name[stage]``; a named overhead the stage does not have reads 0)."""
+        st = self.step
+        out = {k: float(getattr(st, k)[i]) for k in STEP_FIELDS}
+        out.update({k: float(getattr(self, k)[i]) for k in ROW_FIELDS if k != "scalar_rows"})
+        out.update(critical_stage=float(st.critical_stage[i]), microbatches=float(st.microbatches[i]))
+        for s in np.flatnonzero(self.stage[i]):
+            out.update({f"{f.name}[{s}]": float(getattr(self.time, f.name)[i, s]) for f in fields(BatchStageTime)})
+            out.update({f"{f.name}[{s}]": float(getattr(self.memory, f.name)[i, s]) for f in fields(BatchStageMemory)
+                        if f.name != "overheads"})
+            out.update({f"overhead.{k}[{s}]": float(v[i, s]) for k, v in self.memory.overheads.items()})
+        return out
+
     @cached_property
     def stage(self) -> np.ndarray:
         """[N, S] the row has this pipeline stage."""
@@ -118,6 +132,27 @@ class BatchEstimate:
     @property
     def _stages(self) -> int:
         return max(p.stage.shape[1] for p in self.pieces)
+
+
+STEP_FIELDS = ("pipeline_s", "bubble_s", "dp_comm_s", "optimizer_s", "overhead_s", "step_time_s")
+"""The seconds of ``BatchStep`` that ``PerfEstimate`` has under the same names."""
+
+
+def estimate_terms(mem: MemoryEstimate, perf: PerfEstimate) -> dict[str, float]:
+    """Every term of a scalar estimate (``estimate_parts``) by the names ``BatchEstimate.terms`` gives a row's."""
+    out = {k: float(getattr(perf, k)) for k in STEP_FIELDS}
+    out.update(tokens_per_s_per_gpu=perf.tokens_per_s_per_gpu, mfu=perf.mfu,
+               usd_per_million_tokens=perf.usd_per_million_tokens, peak_gib=mem.peak_gib,
+               peak_allocated_gib=mem.peak_allocated_gib, peak_reserved_gib=mem.peak_reserved_gib,
+               peak_stage=float(mem.peak_stage), host_needed_gib=mem.host_needed_gib, fits=float(mem.fits),
+               critical_stage=float(perf.breakdown.critical_stage), microbatches=float(mem.batch.microbatches))
+    for s, (ts, ms) in enumerate(zip(perf.stages, mem.stages)):
+        out.update({f"{f.name}[{s}]": float(ts.parts[f.name] if f.name in ts.parts else getattr(ts, f.name))
+                    for f in fields(BatchStageTime)})
+        out.update({f"{f.name}[{s}]": float(getattr(ms, f.name)) for f in fields(BatchStageMemory)
+                    if f.name != "overheads"})
+        out.update({f"overhead.{k}[{s}]": float(v) for k, v in ms.overheads.items()})
+    return out
 
 
 def scalar_rows(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, engine: Engine) -> np.ndarray:

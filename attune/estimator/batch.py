@@ -167,14 +167,17 @@ def scalar_rows(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, engine:
 
 def _array_estimate(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: Workload, engine: Engine,
                     coef: Coefficients) -> BatchEstimate:
-    """The array engine on rows it covers: the shared tables once, then each (PP, VPP) group of rows without
-    padding (stages and chunks are whole arrays there)."""
+    """The array engine on rows it covers: the shared tables once, then each group of rows of one (PP, VPP) and
+    full-recompute method (none, block, uniform), without padding (stages and chunks are whole arrays there, and
+    only that recompute policy's terms are computed)."""
     _, tokens, _ = batching(cols, workload, engine)
     kt = kind_tables(model, cluster, cols, tokens, workload, engine, coef)
     kn = knob_tables(model, cols, kt, engine)
     ot = overhead_tables(model, cluster, cols, workload, engine, coef)
     pp_send = pp_send_seconds(model, cluster, cols, tokens, engine, coef)
-    gid, first = group_ids(cols["pp"], cols["vpp"])
+    gran = cols["recompute_granularity"]
+    policy = np.where(gran == "full", np.where(cols["recompute_method"] == "block", 1, 2), 0)
+    gid, first = group_ids(cols["pp"], cols["vpp"], policy)
     if len(first) == 1:
         return _group_estimate(model, cluster, cols, workload, engine, coef, kt, kn, ot, pp_send)
     pieces = []

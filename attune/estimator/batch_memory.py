@@ -62,49 +62,59 @@ def _chunk_worst(pl: BatchPlacement, kt: KindTables, c: int) -> tuple[np.ndarray
     return present, worst, wmax
 
 
+def _kept_no_full(stored, n, present, act, k_rec, off) -> tuple[np.ndarray, np.ndarray]:
+    """``stored`` plus one chunk without full recompute (each kind less what selective recompute frees and offload
+    sends away, plus the chunk's last offloaded layer kept on the GPU), and the most selective recompute rebuilds."""
+    kept_off = 0.0
+    for k in range(n.shape[-1]):
+        stored = stored + n[..., k] * (act[:, k, None] - k_rec[:, k, None] - off[:, k, None])
+        kept_off = np.maximum(kept_off, np.where(present[..., k], off[:, k, None], 0.0))
+    return stored + kept_off, np.where(present, k_rec[:, None, :], 0.0).max(axis=2)
+
+
+def _kept_block(stored, n, rec, kk, act, off, inp) -> np.ndarray:
+    """``stored`` plus one chunk under full block recompute: the first kk layers keep their input, the rest
+    everything less offload (the largest offloaded layer kept)."""
+    offs = 0.0
+    for k in range(n.shape[-1]):
+        keep = n[..., k] - rec[..., k]
+        stored = stored + keep * (act[:, k, None] - off[:, k, None])
+        offs = np.maximum(offs, np.where(keep > 0, off[:, k, None], 0.0))
+    return stored + (kk * inp + offs)
+
+
 def stored_bytes(model: ModelSpec, cols: LayoutColumns, pl: BatchPlacement, kt: KindTables,
                  kn: KnobTables) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(activation bytes one microbatch keeps per stage, bytes rebuilt at once in backward, backward working set)."""
+    """(activation bytes one microbatch keeps per stage, bytes rebuilt at once in backward, backward working set).
+    Each recompute policy's branch runs only where a row takes it; the row's own branch is kept."""
     N, S, C, K = pl.kinds.shape
     gran = cols["recompute_granularity"]
     full_r, sel = gran == "full", gran == "selective"
     block = full_r & (cols["recompute_method"] == "block")
     uniform = full_r & ~block
+    any_nf, any_b, any_u = (~full_r).any(), block.any(), uniform.any()
     n_rec = np.where(cols["recompute_num_layers"] == NONE_INT, 0, cols["recompute_num_layers"])[:, None]
     act, inp = kt.act[kt.gid], kt.full_input[kt.gid][:, None]
-    freed, off = kn.freed[kn.gid], kn.offloaded[kn.gid]
+    k_rec, off = np.where(sel[:, None], kn.freed[kn.gid], 0.0), kn.offloaded[kn.gid]
     prefix = kind_prefix(model)
-    st_nf, st_b, st_u = np.zeros((N, S)), np.zeros((N, S)), np.zeros((N, S))
-    work = np.zeros((N, S))
+    st_nf, st_b, st_u, work = np.zeros((N, S)), np.zeros((N, S)), np.zeros((N, S)), np.zeros((N, S))
     rebuilt = np.where(sel, kn.freed_full[kn.gid], 0.0)[:, None] * np.ones((1, S))
     for c in range(C):
-        exists = pl.chunk[:, :, c]
+        exists, n, layers = pl.chunk[:, :, c], pl.kinds[:, :, c], pl.layers[:, :, c]
         present, worst, wmax = _chunk_worst(pl, kt, c)
         work = np.where(exists, np.maximum(work, wmax), work)
-        n = pl.kinds[:, :, c]
-        # no full recompute: each kind less what selective recompute frees and offload sends away
-        k_rec = np.where(sel[:, None], freed, 0.0)
-        kept_off = 0.0
-        for k in range(K):
-            st_nf += n[..., k] * (act[:, k, None] - k_rec[:, k, None] - off[:, k, None])
-            kept_off = np.maximum(kept_off, np.where(present[..., k], off[:, k, None], 0.0))
-        st_nf += kept_off
-        rb_nf = np.where(present, k_rec[:, None, :], 0.0).max(axis=2)
-        # full block: the first N layers of the chunk keep their input, the rest everything (less offload)
-        kk = np.minimum(n_rec, pl.layers[:, :, c])
-        rec = kinds_between(prefix, pl.start[:, :, c], pl.start[:, :, c] + kk)
-        offs = 0.0
-        for k in range(K):
-            keep = n[..., k] - rec[..., k]
-            st_b += keep * (act[:, k, None] - off[:, k, None])
-            offs = np.maximum(offs, np.where(keep > 0, off[:, k, None], 0.0))
-        st_b += kk * inp + offs
-        # full uniform: every group of N layers keeps its input; a whole group is rebuilt in backward
-        layers = pl.layers[:, :, c]
-        st_u += -(-layers // np.maximum(n_rec, 1)) * inp
-        rebuilt = np.where((~full_r[:, None]) & exists, np.maximum(rebuilt, rb_nf), rebuilt)
-        rebuilt = np.where(block[:, None] & (kk > 0), np.maximum(rebuilt, worst), rebuilt)
-        rebuilt = np.where(uniform[:, None] & exists, np.maximum(rebuilt, np.minimum(n_rec, layers) * worst), rebuilt)
+        if any_nf:
+            st_nf, rb = _kept_no_full(st_nf, n, present, act, k_rec, off)
+            rebuilt = np.where((~full_r[:, None]) & exists, np.maximum(rebuilt, rb), rebuilt)
+        if any_b:
+            kk = np.minimum(n_rec, layers)
+            rec = kinds_between(prefix, pl.start[:, :, c], pl.start[:, :, c] + kk)
+            st_b = _kept_block(st_b, n, rec, kk, act, off, inp)
+            rebuilt = np.where(block[:, None] & (kk > 0), np.maximum(rebuilt, worst), rebuilt)
+        if any_u:  # every group of N layers keeps its input; a whole group is rebuilt in backward
+            st_u = st_u + (-(-layers // np.maximum(n_rec, 1))) * inp
+            rebuilt = np.where(uniform[:, None] & exists, np.maximum(rebuilt, np.minimum(n_rec, layers) * worst),
+                               rebuilt)
     stored = np.where(~full_r[:, None], st_nf, np.where(block[:, None], st_b, st_u))
     return stored, rebuilt, work
 

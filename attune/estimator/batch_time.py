@@ -104,9 +104,12 @@ def pp_send_seconds(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, tok
     return send
 
 
-def recomputed_kinds(model: ModelSpec, cols: LayoutColumns, pl: BatchPlacement) -> np.ndarray:
-    """[N, S, C, K] layers of each kind a chunk recomputes in full: the first N (block) or all (uniform)."""
+def recomputed_kinds(model: ModelSpec, cols: LayoutColumns, pl: BatchPlacement) -> np.ndarray | None:
+    """[N, S, C, K] layers of each kind a chunk recomputes in full: the first N (block) or all (uniform); None when
+    no row recomputes in full."""
     full = cols["recompute_granularity"] == "full"
+    if not full.any():
+        return None
     block = full & (cols["recompute_method"] == "block")
     n_rec = np.where(cols["recompute_num_layers"] == NONE_INT, 0, cols["recompute_num_layers"])
     k = np.where(block[:, None, None], np.minimum(n_rec[:, None, None], pl.layers),
@@ -114,7 +117,7 @@ def recomputed_kinds(model: ModelSpec, cols: LayoutColumns, pl: BatchPlacement) 
     return kinds_between(kind_prefix(model), pl.start, pl.start + k)
 
 
-def _chunk_kinds(parts: dict, fwd_comm: np.ndarray, n: np.ndarray, nr: np.ndarray, t: np.ndarray,
+def _chunk_kinds(parts: dict, fwd_comm: np.ndarray, n: np.ndarray, nr: np.ndarray | None, t: np.ndarray,
                  tmp: np.ndarray) -> None:
     """One chunk's layers of one kind (``n``, of which ``nr`` recomputed in full; ``t``: the kind's TIME_KEYS x
     rows): forward and backward compute, full recompute, TP and CP comm. ``tmp``: scratch of parts' shape."""
@@ -125,9 +128,11 @@ def _chunk_kinds(parts: dict, fwd_comm: np.ndarray, n: np.ndarray, nr: np.ndarra
     for key in ("gemm", "attention", "gdn", "memory"):
         add("fwd_" + key, n, _T["fwd_" + key])
         add("bwd_" + key, n, _T["bwd_" + key])
-    f = t[_T["fwd_gemm"]] + t[_T["fwd_attention"]] + t[_T["fwd_gdn"]] + t[_T["fwd_memory"]]
-    parts["recompute"] += nr * f[:, None]
-    both = n + nr
+    both = n
+    if nr is not None:  # None: no row of the group recomputes in full (nothing to add)
+        f = t[_T["fwd_gemm"]] + t[_T["fwd_attention"]] + t[_T["fwd_gdn"]] + t[_T["fwd_memory"]]
+        parts["recompute"] += nr * f[:, None]
+        both = n + nr
     parts["tp_comm"] += both * t[_T["tp_fwd"]][:, None] + n * t[_T["tp_bwd"]][:, None]
     parts["cp_comm"] += both * t[_T["cp_fwd"]][:, None] + n * t[_T["cp_bwd"]][:, None]
     fwd_comm += t[_T["tp_fwd"]][:, None] * n + t[_T["cp_fwd"]][:, None] * n
@@ -152,18 +157,21 @@ def stage_times(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, pl: Bat
     """Per stage and microbatch: ``performance._pipeline``'s per-stage loop over rows."""
     N, S, C, K = pl.kinds.shape
     T, rs, off = kt.times[kt.gid], kn.seconds[kn.gid], kn.offloaded[kn.gid]
-    rec = recomputed_kinds(model, cols, pl).astype(np.float64)
     kinds = pl.kinds.astype(np.float64)
+    rec = recomputed_kinds(model, cols, pl)
+    rec = None if rec is None else rec.astype(np.float64)
+    selective, offload = bool(rs.any()), bool(off.any())
     Tk = [np.ascontiguousarray(T[:, k].T) for k in range(K)]  # per kind: TIME_KEYS x rows
     parts = {k: np.zeros((N, S)) for k in PARTS}
     fwd_comm, tmp = np.zeros((N, S)), np.empty((N, S))
     for c in range(C):
-        n_c, r_c = kinds[:, :, c], rec[:, :, c]
+        n_c, r_c = kinds[:, :, c], (np.zeros_like(kinds[:, :, c]) if rec is None else rec[:, :, c])
         for k in range(K):
-            _chunk_kinds(parts, fwd_comm, n_c[..., k], r_c[..., k], Tk[k], tmp)
-        for k in range(K):  # selective recompute: the recomputed modules' forward again (0 without it)
+            _chunk_kinds(parts, fwd_comm, n_c[..., k], None if rec is None else r_c[..., k], Tk[k], tmp)
+        for k in range(K if selective else 0):  # selective recompute: the recomputed modules' forward again
             parts["recompute"] += n_c[..., k] * rs[:, k, None]
-        parts["act_offload"] += _offload_exposed(n_c, r_c, T, off, cluster.gpu.pcie_gbps)
+        if offload:
+            parts["act_offload"] += _offload_exposed(n_c, r_c, T, off, cluster.gpu.pcie_gbps)
         parts["pp_comm"] += np.where(pl.chunk[:, :, c], 2 * pp_send[:, None], 0.0)
     if model.vocab:
         last = pl.is_last

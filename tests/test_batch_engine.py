@@ -14,17 +14,22 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from attune.errors import AttuneError, LayoutError
 from attune.estimator import estimate, estimate_batch
 from attune.estimator.batch import estimate_terms, scalar_rows
+from attune.estimator.batch_place import place_batch
 from attune.estimator.coefficients import DEFAULT
 from attune.search.space import SearchSpace, load_space
+from attune.spec import pipeline_layout
 from attune.spec.columns import LayoutColumns
 from attune.spec.engine import get_engine
 from attune.spec.hardware import parse_cluster
-from attune.spec.layout import Workload
+from attune.spec.layout import Layout, Workload
 from attune.spec.model import load_model
+from attune.spec.placement import place
 from attune.spec.precision import fields_for
 
 RTOL = 1e-9
@@ -145,3 +150,55 @@ def test_invalid_split_is_one_line():
                           "last": np.array([14, 14])})
     with pytest.raises(LayoutError, match="layer split"):
         estimate_batch(model, cluster, cols, wl, engine)
+
+
+@given(st.data())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_placement_arrays_equal_place(data):
+    """Stage and chunk ranges, layer kinds, batching and in-flight microbatches of the array placement equal
+    attune.spec.placement.place row by row (uneven first/last splits, VPP, layout strings, embedding/loss accounting,
+    dynamic and static batching)."""
+    model = load_model(data.draw(st.sampled_from(["Qwen3.6-27B", "Llama-3.1-8B", "Qwen3.5-4B"])))
+    engine = get_engine(data.draw(st.sampled_from(["slime", "megatron"])))
+    wl = Workload(global_batch=data.draw(st.sampled_from([64, 128, 96])))
+    lays = []
+    for _ in range(data.draw(st.integers(1, 6))):
+        pp = data.draw(st.sampled_from([1, 2, 3, 4, 8]))
+        vpp = data.draw(st.sampled_from([1, 2])) if pp > 1 else 1
+        L = model.num_layers
+        kw = dict(pp=pp, vpp=vpp, dp=data.draw(st.sampled_from([1, 2, 4])), cp=data.draw(st.sampled_from([1, 2])),
+                  micro_batch_size=data.draw(st.sampled_from([1, 2])),
+                  max_tokens_per_gpu=data.draw(st.sampled_from([None, 4096, 8192, 16384])))
+        how = data.draw(st.sampled_from(["even", "split", "string", "account"]))
+        if how == "split" and pp > 2:
+            first = data.draw(st.integers(1, L // pp + 4))
+            rest = L - first - (L // pp)
+            ok = rest > 0 and rest % (pp - 2) == 0 and (rest // (pp - 2)) % vpp == 0
+            if ok and first % vpp == 0 and (L // pp) % vpp == 0:
+                kw.update(first=first, last=L // pp)
+        elif how == "string":
+            counts = [L // (pp * vpp)] * (pp * vpp)
+            counts[-1] += L - sum(counts)
+            kw["pipeline_layout"] = pipeline_layout.layout_string(counts)
+        elif how == "account" and (L + 2) % (pp * vpp) == 0:
+            kw.update(account_for_embedding=True, account_for_loss=True)
+        lays.append(Layout(**kw))
+    places = []
+    for lay in list(lays):
+        try:
+            places.append(place(model, lay, wl, engine))
+        except LayoutError:  # a split the model's layers do not allow: the scalar rule refuses it
+            lays.remove(lay)
+    if not lays:
+        return
+    pl = place_batch(model, LayoutColumns.from_layouts(lays), wl, engine)
+    for i, (lay, ref) in enumerate(zip(lays, places)):
+        assert pl.microbatches[i] == ref.batch.microbatches and pl.tokens_per_gpu[i] == ref.batch.tokens_per_gpu
+        assert pl.rows_per_microbatch[i] == ref.batch.rows_per_microbatch
+        for r, stg in enumerate(ref.stages):
+            assert pl.inflight[i, r] == stg.inflight
+            for c, ch in enumerate(stg.chunks):
+                assert (pl.start[i, r, c], pl.stop[i, r, c]) == (ch.start, ch.stop)
+                assert dict(zip(model.kinds, pl.kinds[i, r, c].tolist())) == {k: dict(ch.kinds).get(k, 0)
+                                                                             for k in model.kinds}
+        assert pl.stage[i].sum() == lay.pp and pl.chunk[i].sum() == lay.pp * lay.vpp

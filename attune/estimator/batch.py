@@ -94,6 +94,11 @@ class BatchEstimate:
     def __len__(self) -> int:
         return len(self.fits)
 
+    @property
+    def host_fits(self) -> np.ndarray:
+        """[N] the CPU-offloaded optimizer state fits in the nodes' host memory (``MemoryEstimate.host_fits``)."""
+        return self.host_needed_gib <= self.host_capacity_gib
+
     def terms(self, i: int) -> dict[str, float]:
         """Every term of row i by name, as ``estimate_terms`` names a scalar estimate's (stage terms as
         ``name[stage]``; a named overhead the stage does not have reads 0)."""

@@ -1,11 +1,12 @@
 """The estimator over a batch of layouts held as columns: ``estimate_batch`` (issue 18's array engine).
 
 ``estimate_batch(model, cluster, cols, workload, engine, coef=None) -> BatchEstimate`` estimates every row of a
-`LayoutColumns` batch at once with numpy: the placement as padded ``[rows, stages, chunks]`` arrays
-(``batch_place``), the per-layer costs and times once per distinct shape (``batch_tables``, by the scalar
-functions), the per-stage step-time parts (``batch_time``) and memory terms (``batch_memory``), accumulated in the
-scalar path's order so that every term equals ``estimate()``'s (tests/test_batch_engine.py,
-benchmarks/estimate_equivalence.py). Coefficients are chosen as ``estimate()`` chooses them: ``coefficients_for``
+`LayoutColumns` batch at once with numpy: the placement as ``[rows, stages, chunks]`` arrays (``batch_place``), the
+per-layer costs and times once per distinct shape (``batch_tables``, by the scalar functions), the per-stage step-time
+parts (``batch_time``) and memory terms (``batch_memory``), accumulated in the scalar path's order so that every term
+equals ``estimate()``'s (tests/test_batch_engine.py, benchmarks/estimate_equivalence.py). Rows are computed in groups
+of one (PP, VPP, full-recompute method), so no group carries padding; the per-stage records a caller reads are
+``[rows, stages]`` arrays padded to the batch's largest PP, with the mask ``BatchEstimate.stage``. Coefficients are chosen as ``estimate()`` chooses them: ``coefficients_for``
 the cluster's GPU when ``coef`` is None. No layout rule is checked (``estimate(..., check_layout=False)``).
 
 The rows the array engine does not cover are estimated by the scalar composition (``estimate_parts``) row by row and
@@ -196,7 +197,7 @@ def _array_estimate(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, wor
 def _group_estimate(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: Workload, engine: Engine,
                     coef: Coefficients, kt: KindTables, kn: KnobTables, ot: OverheadTables,
                     pp_send: np.ndarray) -> BatchEstimate:
-    """Rows of one (PP, VPP): placement, per-stage times and memory, the step and the verdict."""
+    """Rows of one (PP, VPP, recompute method): placement, per-stage times and memory, the step and the verdict."""
     pl = place_batch(model, cols, workload, engine)
     st = stage_times(model, cluster, cols, pl, kt, kn, pp_send)
     params = stage_params(model, cols, pl, kt)

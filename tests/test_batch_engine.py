@@ -202,3 +202,18 @@ def test_placement_arrays_equal_place(data):
                 assert dict(zip(model.kinds, pl.kinds[i, r, c].tolist())) == {k: dict(ch.kinds).get(k, 0)
                                                                              for k in model.kinds}
         assert pl.stage[i].sum() == lay.pp and pl.chunk[i].sum() == lay.pp * lay.vpp
+
+
+def test_stage_values_alone_equal_the_records():
+    model, cluster, engine, wl = load_model("Qwen3.6-27B"), parse_cluster("8xH200"), get_engine("slime"), Workload()
+    lays = draw(model, cluster, engine, wl, 20, seed=7)
+    cols = LayoutColumns.from_layouts(lays)
+    alone = estimate_batch(model, cluster, cols, wl, engine)
+    got = {k: alone.stage_values(k) for k in ("total_gib", "recompute", "nccl_buffers")}
+    b = estimate_batch(model, cluster, cols, wl, engine)
+    assert np.array_equal(got["total_gib"], b.memory.total_gib)
+    assert np.array_equal(got["recompute"], b.time.recompute)
+    assert np.array_equal(got["nccl_buffers"], b.memory.overheads["nccl_buffers"])
+    assert np.array_equal(b.stage_values("total_gib"), b.memory.total_gib)  # after the records are built
+    assert set(np.unique(b.stage.sum(axis=1))) == {lay.pp for lay in lays} and b.stage.shape[1] == max(
+        lay.pp for lay in lays)

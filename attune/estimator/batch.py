@@ -131,6 +131,20 @@ class BatchEstimate:
         reserved and total peaks, GiB."""
         return _merge_record(BatchStageMemory, self._order, self._stages, [p.memory for p in self.pieces])
 
+    def stage_values(self, name: str) -> np.ndarray:
+        """[N, S] one per-stage term by name (a ``BatchStageTime`` or ``BatchStageMemory`` field, or a named
+        overhead), assembled alone: what a search reads (``total_gib``) without building every record."""
+        if "time" in self.__dict__ or "memory" in self.__dict__:
+            rec = self.time if name in _TIME_NAMES else self.memory
+            return getattr(rec, name) if hasattr(rec, name) else rec.overheads[name]
+        if name in _TIME_NAMES:
+            parts = [getattr(p.time, name) for p in self.pieces]
+        elif name in _MEMORY_NAMES:
+            parts = [getattr(p.memory, name) for p in self.pieces]
+        else:
+            parts = [p.memory.overheads.get(name, np.zeros_like(p.memory.params)) for p in self.pieces]
+        return _merge_array(self._order, self._stages, parts)
+
     @property
     def _order(self) -> np.ndarray:
         return np.concatenate([p.rows for p in self.pieces])
@@ -159,6 +173,10 @@ def estimate_terms(mem: MemoryEstimate, perf: PerfEstimate) -> dict[str, float]:
                     if f.name != "overheads"})
         out.update({f"overhead.{k}[{s}]": float(v) for k, v in ms.overheads.items()})
     return out
+
+
+_TIME_NAMES = frozenset(f.name for f in fields(BatchStageTime))
+_MEMORY_NAMES = frozenset(f.name for f in fields(BatchStageMemory)) - {"overheads"}
 
 
 def scalar_rows(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, engine: Engine) -> np.ndarray:

@@ -86,7 +86,10 @@ def draw(model, cluster, engine, wl, n: int, seed: int, extra: dict | None = Non
 CASES = [("Qwen3.6-27B", "8xH200", "slime"), ("Qwen3.6-27B", "16xH100", "megatron"),
          ("Llama-3.1-8B", "64xH100", "megatron-bridge"), ("Qwen3.5-4B", "8xH200", "slime"),
          ("gpt2", "16xH100", "megatron-legacy"), ("Nemotron-4-15B", "16xH100", "megatron"),
-         ("GLM-4-9B", "8xH200", "megatron"), ("Qwen2.5-7B", "64xH100", "slime")]
+         ("GLM-4-9B", "8xH200", "megatron"), ("Qwen2.5-7B", "64xH100", "slime"),
+         # an NVLink domain beyond the node (GB200 NVL72), a Blackwell Ultra peak ratio, Ampere's coefficients
+         ("Llama-3.1-8B", "16xGB200", "megatron-bridge"), ("Qwen3.6-27B", "16xB300", "slime"),
+         ("Qwen3-8B", "32xA100", "megatron")]
 
 
 @pytest.mark.parametrize("name,gpus,eng", CASES)

@@ -89,7 +89,9 @@ CASES = [("Qwen3.6-27B", "8xH200", "slime"), ("Qwen3.6-27B", "16xH100", "megatro
          ("GLM-4-9B", "8xH200", "megatron"), ("Qwen2.5-7B", "64xH100", "slime"),
          # an NVLink domain beyond the node (GB200 NVL72), a Blackwell Ultra peak ratio, Ampere's coefficients
          ("Llama-3.1-8B", "16xGB200", "megatron-bridge"), ("Qwen3.6-27B", "16xB300", "slime"),
-         ("Qwen3-8B", "32xA100", "megatron")]
+         ("Qwen3-8B", "32xA100", "megatron"),
+         # CPU workers (fp32 activations, the shared host memory, CPU GEMM saturation) and attune's fp32 trainer
+         ("tiny-qwen3.5", "4xcpu", "torch"), ("tiny-llama", "2xcpu", "torch"), ("Qwen3-1.7B", "8xH100", "torch")]
 
 
 @pytest.mark.parametrize("name,gpus,eng", CASES)

@@ -12,13 +12,12 @@ the cluster's GPU when ``coef`` is None. No layout rule is checked (``estimate(.
 The rows the array engine does not cover are estimated by the scalar composition (``estimate_parts``) row by row and
 written into the same arrays: ``scalar_rows`` decides which (one place), and ``BatchEstimate.scalar_rows`` says
 which rows went that way. Those are MoE models (routed experts, EP), low-precision GEMMs (fp8 / mxfp8 / nvfp4),
-multi-token prediction, CPU workers and attune's torch trainer: their physics is being changed elsewhere and stays in
-one (scalar) place until it settles.
+multi-token prediction: their physics is being changed elsewhere and stays in one (scalar) place until it settles.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import cached_property
 
 import numpy as np
@@ -180,10 +179,10 @@ _MEMORY_NAMES = frozenset(f.name for f in fields(BatchStageMemory)) - {"overhead
 
 
 def scalar_rows(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, engine: Engine) -> np.ndarray:
-    """[N] the rows the array engine does not cover (the one place that decides): every row of an MoE model, on CPU
-    workers or with attune's torch trainer; low-precision GEMMs; multi-token prediction; expert parallelism."""
+    """[N] the rows the array engine does not cover (the one place that decides): every row of an MoE model;
+    low-precision GEMMs; multi-token prediction; expert parallelism."""
     n = len(cols)
-    if model.moe is not None or cluster.gpu.is_cpu or engine.attune_trainer:
+    if model.moe is not None:
         return np.ones(n, dtype=bool)
     low = np.not_equal(cols["fp8_format"], None) | np.not_equal(cols["fp4_format"], None)
     return low | (cols["mtp_layers"] > 0) | (cols["ep"] * cols["etp"] > 1)
@@ -195,7 +194,9 @@ def _array_estimate(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, wor
     full-recompute method (none, block, uniform), without padding (stages and chunks are whole arrays there, and
     only that recompute policy's terms are computed)."""
     _, tokens, _ = batching(cols, workload, engine)
-    kt = kind_tables(model, cluster, cols, tokens, workload, engine, coef)
+    # the performance model's coefficients: CPU BLAS saturates at smaller GEMMs (estimate_performance)
+    pcoef = replace(coef, gemm_half_dim=coef.cpu_gemm_half_dim) if cluster.gpu.is_cpu else coef
+    kt = kind_tables(model, cluster, cols, tokens, workload, engine, pcoef)
     kn = knob_tables(model, cols, kt, engine)
     ot = overhead_tables(model, cluster, cols, workload, engine, coef)
     pp_send = pp_send_seconds(model, cluster, cols, tokens, engine, coef)
@@ -241,6 +242,7 @@ def _finish(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: W
         host = host + np.where(stage[:, s], mem.host_optimizer_gib[:, s], 0.0)
     host_needed = host / cols["pp"] * cluster.gpus_per_node
     host_cap = 0.9 * gpu.host_memory_bytes / GiB
+    capacity = gpu.capacity_gib / cluster.gpus_per_node if gpu.is_cpu else gpu.capacity_gib  # CPU workers share it
     peak = total.max(axis=1)
     with np.errstate(divide="ignore"):
         usd = np.where(tps > 0, gpu.usd_per_hour / 3600.0 / tps * 1e6, np.inf)  # metrics.usd_per_million_tokens
@@ -248,8 +250,8 @@ def _finish(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: W
         step=step, tokens_per_s_per_gpu=tps, mfu=model_flops_utilization(tps, model, gpu), usd_per_million_tokens=usd,
         peak_gib=peak, peak_allocated_gib=np.where(stage, mem.allocated_gib, -np.inf).max(axis=1),
         peak_reserved_gib=np.where(stage, mem.reserved_gib, -np.inf).max(axis=1), peak_stage=np.argmax(total, axis=1),
-        host_needed_gib=host_needed, host_capacity_gib=host_cap, capacity_gib=gpu.capacity_gib,
-        fits=(peak <= gpu.capacity_gib) & (host_needed <= host_cap), scalar_rows=scalar,
+        host_needed_gib=host_needed, host_capacity_gib=host_cap, capacity_gib=capacity,
+        fits=(peak <= capacity) & (host_needed <= host_cap), scalar_rows=scalar,
         pieces=[StagePiece(np.arange(len(peak)), stage, st, mem)])
 
 

@@ -119,11 +119,15 @@ def stored_bytes(model: ModelSpec, cols: LayoutColumns, pl: BatchPlacement, kt: 
     return stored, rebuilt, work
 
 
-def optimizer_bytes(cols: LayoutColumns, engine: Engine) -> tuple[np.ndarray, ...]:
-    """[N] each (grad, GPU optimizer during forward/backward, host optimizer, the step's fp32 grad copy) bytes per
-    parameter; weights are BF16 (``memory.optimizer_bytes`` and ``step_grad_copy_bytes`` on GPUs)."""
+def optimizer_bytes(cols: LayoutColumns, engine: Engine, fp32_training: bool) -> tuple[np.ndarray, ...]:
+    """[N] each (weight, grad, GPU optimizer during forward/backward, host optimizer, the step's fp32 grad copy) bytes
+    per parameter (``memory.optimizer_bytes`` less ``step_grad_copy_bytes``, and the copy). ``fp32_training``: the
+    torch runner's fp32 parameters and Adam (CPU workers, attune's trainer)."""
     fp16 = cols["precision"] == "fp16"
     d = np.where(cols["distributed_optimizer"], cols["dp"] * cols["cp"], 1)
+    if fp32_training:
+        zero = np.zeros(len(d))
+        return np.full(len(d), FP32), np.full(len(d), FP32), 8 / d - 0.0, zero, zero
     grib = (not engine.grad_reduce_in_fp32) & ~fp16
     pao = cols["precision_aware_optimizer"]
     fp16_32 = fp16 & engine.fp16_grads_in_fp32
@@ -131,37 +135,39 @@ def optimizer_bytes(cols: LayoutColumns, engine: Engine) -> tuple[np.ndarray, ..
     states = np.where(pao, BF16 + FP32 + FP32, np.where(fp16_32, FP32 * 3, np.where(fp16 | grib, FP32 * 4, FP32 * 3)))
     frac = np.where(cols["optimizer_cpu_offload"], cols["offload_fraction"], 0.0)
     copy = np.where(pao | (~fp16 & ~grib) | fp16_32, 0.0, (1 - frac) * FP32 / d)
-    return grad, (1 - frac) * states / d - copy, frac * 16 / d, copy
+    return np.full(len(d), BF16), grad, (1 - frac) * states / d - copy, frac * 16 / d, copy
 
 
 def stage_memory(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, engine: Engine, coef: Coefficients,
                  pl: BatchPlacement, kt: KindTables, kn: KnobTables, ot: OverheadTables,
                  params: np.ndarray) -> BatchStageMemory:
-    """Every stage's memory terms (``estimate_memory`` on GPUs, dense layers, bf16 / fp16 GEMMs)."""
+    """Every stage's memory terms (``estimate_memory`` for dense layers and bf16 / fp16 GEMMs)."""
     N, S = pl.stage.shape
     stored, rebuilt, work = stored_bytes(model, cols, pl, kt, kn)
     tp, tokens = cols["tp"][:, None], pl.tokens_per_gpu[:, None]
     transient = rebuilt + work
     transient = np.where(pl.is_first, np.maximum(transient, BF16 * model.embedding_params / tp), transient)
-    acts = np.where(pl.stage, 1.0 * (pl.inflight * stored + transient + 0.0), 0.0)
+    cpu = cluster.gpu.is_cpu
+    act_scale = FP32 / BF16 if cpu else 1.0  # activations are fp32 on CPU workers, bf16 on GPUs
+    acts = np.where(pl.stage, act_scale * (pl.inflight * stored + transient + 0.0), 0.0)
     logits = np.zeros((N, S))
     if model.vocab:
         lg = engine.logits_bytes_per_element * tokens * model.vocab / tp + BF16 * tokens * model.hidden + 0.0
         logits = np.where(pl.is_last, lg, 0.0)
-    g_b, o_b, h_b, copy_b = (a[:, None] for a in optimizer_bytes(cols, engine))
+    w_b, g_b, o_b, h_b, copy_b = (a[:, None] for a in optimizer_bytes(cols, engine, cpu or engine.attune_trainer))
     cls = 2 * pl.is_first + pl.is_last
     over = {n: np.where(pl.stage, ot.values[ot.gid[:, None], cls, j], 0.0) for j, n in enumerate(ot.names)}
     zero = np.zeros((N, S))
     gws, tpob = over.get("gemm_workspaces", zero), over.get("tp_overlap_buffers", zero)
-    allocated = (params * (BF16 + g_b + o_b) + 0.0 + acts + logits) / GiB + gws + tpob + 0
-    step_peak = (params * (BF16 + g_b + o_b + copy_b) + 0.0) / GiB + gws + 0
+    allocated = (params * (w_b + g_b + o_b) + 0.0 + acts + logits) / GiB + gws + tpob + 0
+    step_peak = (params * (w_b + g_b + o_b + copy_b) + 0.0) / GiB + gws + 0
     higher = step_peak > allocated
     over["optimizer_step_peak"] = np.where(higher & pl.stage, step_peak - allocated, 0.0)
     allocated = np.where(higher, step_peak, allocated)
-    frag = coef.fragmentation_expandable if engine.expandable_segments else coef.fragmentation
-    over["fragmentation"] = np.where(pl.stage, frag * allocated, 0.0)
+    frag = 0.0 if cpu else (coef.fragmentation_expandable if engine.expandable_segments else coef.fragmentation)
+    over["fragmentation"] = np.where(pl.stage, frag * allocated, 0.0)  # (none on CPU workers: 0 here)
     overhead = sum(over.values())
-    w, g, o = params * BF16 / GiB, params * g_b / GiB, params * o_b / GiB
+    w, g, o = params * w_b / GiB, params * g_b / GiB, params * o_b / GiB
     a, lo = acts / GiB, logits / GiB
     alloc_gib = w + g + o + a + lo + 0.0 + gws + tpob + over["optimizer_step_peak"] + 0
     mask = lambda x: np.where(pl.stage, x, 0.0)  # noqa: E731

@@ -33,8 +33,9 @@ def check(model, cluster, layouts, b, wl, engine, n: int, seed: int = 0) -> floa
     worst = 0.0
     for i in np.random.default_rng(seed).choice(len(layouts), min(n, len(layouts)), replace=False):
         e = estimate(model, cluster, layouts[i], wl, engine, check_layout=False)
-        for a, s in ((b.step.step_time_s[i], e.perf.step_time_s), (b.tokens_per_s_per_gpu[i], e.perf.tokens_per_s_per_gpu),
-                     (b.peak_gib[i], e.memory.peak_gib)):
+        pairs = ((b.step.step_time_s[i], e.perf.step_time_s), (b.tokens_per_s_per_gpu[i], e.perf.tokens_per_s_per_gpu),
+                 (b.peak_gib[i], e.memory.peak_gib))
+        for a, s in pairs:
             worst = max(worst, abs(a - s) / max(abs(a), abs(s)))
     return worst
 

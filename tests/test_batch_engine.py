@@ -132,7 +132,8 @@ def test_coefficients_as_estimate_chooses_them():
     dflt = estimate_batch(model, cluster, cols, wl, engine)
     given = estimate_batch(model, cluster, cols, wl, engine, coef=DEFAULT)
     for i, lay in enumerate(lays):
-        assert dflt.step.step_time_s[i] == estimate(model, cluster, lay, wl, engine, check_layout=False).perf.step_time_s
+        plain = estimate(model, cluster, lay, wl, engine, check_layout=False)
+        assert dflt.step.step_time_s[i] == plain.perf.step_time_s
         ref = estimate(model, cluster, lay, wl, engine, coef=DEFAULT, check_layout=False)
         assert given.step.step_time_s[i] == ref.perf.step_time_s
 

@@ -6,8 +6,8 @@ per-layer costs and times once per distinct shape (``batch_tables``, by the scal
 parts (``batch_time``) and memory terms (``batch_memory``), accumulated in the scalar path's order so that every term
 equals ``estimate()``'s (tests/test_batch_engine.py, benchmarks/estimate_equivalence.py). Rows are computed in groups
 of one (PP, VPP, full-recompute method), so no group carries padding; the per-stage records a caller reads are
-``[rows, stages]`` arrays padded to the batch's largest PP, with the mask ``BatchEstimate.stage``. Coefficients are chosen as ``estimate()`` chooses them: ``coefficients_for``
-the cluster's GPU when ``coef`` is None. No layout rule is checked (``estimate(..., check_layout=False)``).
+``[rows, stages]`` arrays padded to the batch's largest PP, with the mask ``BatchEstimate.stage``. Coefficients are
+chosen as ``estimate()`` chooses them: ``coefficients_for`` the cluster's GPU when ``coef`` is None. No layout rule is checked (``estimate(..., check_layout=False)``).
 
 The rows the array engine does not cover are estimated by the scalar composition (``estimate_parts``) row by row and
 written into the same arrays: ``scalar_rows`` decides which (one place), and ``BatchEstimate.scalar_rows`` says
@@ -80,10 +80,12 @@ class BatchEstimate:
                  pieces: list[StagePiece]) -> None:
         self.step = step
         """Per row: pipeline, bubble, exposed DP communication, optimizer, overhead, step time, critical stage."""
-        self.tokens_per_s_per_gpu, self.mfu, self.usd_per_million_tokens = tokens_per_s_per_gpu, mfu, usd_per_million_tokens
+        self.tokens_per_s_per_gpu, self.mfu = tokens_per_s_per_gpu, mfu
+        self.usd_per_million_tokens = usd_per_million_tokens
         self.peak_gib = peak_gib
         """The largest stage's total (what the verdict compares with capacity_gib), GiB."""
-        self.peak_allocated_gib, self.peak_reserved_gib, self.peak_stage = peak_allocated_gib, peak_reserved_gib, peak_stage
+        self.peak_allocated_gib, self.peak_reserved_gib = peak_allocated_gib, peak_reserved_gib
+        self.peak_stage = peak_stage
         self.host_needed_gib = host_needed_gib
         """CPU-offloaded optimizer state per node, GiB."""
         self.host_capacity_gib, self.capacity_gib, self.fits = host_capacity_gib, capacity_gib, fits

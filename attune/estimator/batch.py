@@ -7,7 +7,8 @@ parts (``batch_time``) and memory terms (``batch_memory``), accumulated in the s
 equals ``estimate()``'s (tests/test_batch_engine.py, benchmarks/estimate_equivalence.py). Rows are computed in groups
 of one (PP, VPP, full-recompute method), so no group carries padding; the per-stage records a caller reads are
 ``[rows, stages]`` arrays padded to the batch's largest PP, with the mask ``BatchEstimate.stage``. Coefficients are
-chosen as ``estimate()`` chooses them: ``coefficients_for`` the cluster's GPU when ``coef`` is None. No layout rule is checked (``estimate(..., check_layout=False)``).
+chosen as ``estimate()`` chooses them: ``coefficients_for`` the cluster's GPU when ``coef`` is None. No layout rule
+is checked (``estimate(..., check_layout=False)``).
 
 The rows the array engine does not cover are estimated by the scalar composition (``estimate_parts``) row by row and
 written into the same arrays: ``scalar_rows`` decides which (one place), and ``BatchEstimate.scalar_rows`` says

@@ -7,6 +7,12 @@ temporary folder and run in a subprocess; the layouts are drawn here (the dense 
 communication overlap and, for MoE models, EP / ETP / dispatcher) and handed to both sides as dictionaries,
 so both estimate the same layouts. What is compared: every float of `Estimate.memory` and `Estimate.perf`
 (stages, per-stage parts and overheads, breakdown), by name. Exit status 1 when a term differs.
+
+`--batch`: instead of a reference commit, this tree's array engine against its scalar path: the same random layouts
+are estimated one by one with `estimate()` and as one `LayoutColumns` batch per (model, cluster) with `estimate_batch`,
+and every term (`estimate_terms` / `BatchEstimate.terms`: per-stage time parts and memory terms, named overheads, the
+step, tokens/s/GPU, peaks, the verdict) must agree within 1e-9 relative. Rows of MoE models and low-precision rows go
+through the scalar path inside the batch (`attune.estimator.batch.scalar_rows`); their count is printed.
 """
 
 from __future__ import annotations
@@ -79,6 +85,11 @@ def dump(cases_path: str, out_path: str) -> None:
     Path(out_path).write_text(json.dumps(rows))
 
 
+def random_params(space, rng) -> dict:
+    """One value of every knob of the space, uniformly."""
+    return {k: (lambda d: d[int(rng.integers(len(d)))])(space.domain(k)) for k in space.knobs}
+
+
 def draw_cases(names: list[str], per_model: int, seed: int) -> list[dict]:
     """`per_model` random valid layouts per model (rejection sampling over the knobs)."""
     from attune.errors import AttuneError
@@ -103,7 +114,7 @@ def draw_cases(names: list[str], per_model: int, seed: int) -> list[dict]:
             tries += 1
             gpus = CLUSTERS[int(rng.integers(len(CLUSTERS)))]
             try:
-                lay = space.to_layout(space.random_params(rng), model, parse_cluster(gpus).world_size, wl, engine)
+                lay = space.to_layout(random_params(space, rng), model, parse_cluster(gpus).world_size, wl, engine)
             except AttuneError:
                 continue
             cases.append({"model": name, "gpus": gpus, "layout": lay.to_dict()})
@@ -130,6 +141,44 @@ def compare(a: list[dict], b: list[dict], cases: list[dict]) -> tuple[int, float
     return n, worst, bad
 
 
+def batch_check(cases: list[dict]) -> tuple[int, float, list[str], int]:
+    """(terms compared, largest relative difference, first disagreements, scalar-path rows): estimate_batch per
+    (model, cluster) against estimate() row by row, on this tree."""
+    from attune.estimator import estimate, estimate_batch
+    from attune.estimator.batch import estimate_terms
+    from attune.spec.columns import LayoutColumns
+    from attune.spec.engine import get_engine
+    from attune.spec.hardware import parse_cluster
+    from attune.spec.identity import layout_from_dict
+    from attune.spec.layout import Workload
+    from attune.spec.model import load_model
+
+    engine, wl = get_engine("slime"), Workload()
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, c in enumerate(cases):
+        groups.setdefault((c["model"], c["gpus"]), []).append(i)
+    n = scalar = 0
+    worst, bad = 0.0, []
+    for (name, gpus), idx in groups.items():
+        model, cluster = load_model(name), parse_cluster(gpus)
+        lays = [layout_from_dict(cases[i]["layout"]) for i in idx]
+        b = estimate_batch(model, cluster, LayoutColumns.from_layouts(lays), wl, engine)
+        scalar += int(b.scalar_rows.sum())
+        for j, lay in enumerate(lays):
+            e = estimate(model, cluster, lay, wl, engine, check_layout=False)
+            x, y = estimate_terms(e.memory, e.perf), b.terms(j)
+            for k, v in x.items():
+                w = y.get(k, 0.0 if k.startswith("overhead.") else math.nan)
+                n += 1
+                if v == w:
+                    continue
+                rel = abs(v - w) / max(abs(v), abs(w)) if not math.isnan(w) else math.inf
+                worst = max(worst, rel)
+                if rel > RTOL and len(bad) < 20:
+                    bad.append(f"{name} {gpus} {lay.label()}: {k}: scalar {v!r} batch {w!r}")
+    return n, worst, bad, scalar
+
+
 def run_side(tree: Path, cases_file: str, out_file: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(tree))
     return subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "estimate_equivalence.py"), "--dump",
@@ -142,6 +191,7 @@ def main() -> None:
     ap.add_argument("--models", default=None, help="comma-separated model names (default: every bundled model)")
     ap.add_argument("--reference", default=REFERENCE)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch", action="store_true", help="the array engine against the scalar path of this tree")
     ap.add_argument("--dump", nargs=2, metavar=("CASES", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.dump:
@@ -151,6 +201,15 @@ def main() -> None:
 
     names = args.models.split(",") if args.models else bundled_names()
     t0 = time.perf_counter()
+    if args.batch:
+        cases = draw_cases(names, args.per_model, args.seed)
+        n, worst, bad, scalar = batch_check(cases)
+        print(f"{len(cases):,} layouts of {len(names)} models ({scalar:,} through the scalar path), {n:,} terms: "
+              f"estimate_batch against estimate(), largest relative difference {worst:.3g} (tolerance {RTOL:g}); "
+              f"{time.perf_counter() - t0:.0f} s")
+        for line in bad:
+            print("  " + line)
+        sys.exit(1 if bad else 0)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         old = tmp / "old"

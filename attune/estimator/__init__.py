@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from attune.errors import LayoutError
-from attune.estimator.memory import MemoryEstimate, estimate_memory
-from attune.estimator.performance import PerfEstimate, estimate_performance
-from attune.estimator.reuse import placement as shared_placement
+from attune.estimator.batch import BatchEstimate, estimate_batch
+from attune.estimator.compose import estimate_parts
+from attune.estimator.memory import MemoryEstimate
+from attune.estimator.performance import PerfEstimate
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
@@ -16,6 +17,8 @@ from attune.spec.precision import hardware_refusal
 from attune.spec.rules import validate
 
 from .coefficients import Coefficients, coefficients_for
+
+__all__ = ["Estimate", "estimate", "estimate_parts", "estimate_batch", "BatchEstimate"]
 
 
 @dataclass
@@ -76,15 +79,3 @@ def estimate(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workl
             raise LayoutError(refused)
     mem, perf = estimate_parts(model, cluster, layout, workload, engine, coef)
     return Estimate(model, cluster, layout, workload, engine, mem, perf)
-
-
-def estimate_parts(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workload, engine: Engine,
-                   coef: Coefficients, perf_below_gib: float | None = None) -> tuple[MemoryEstimate, PerfEstimate | None]:
-    """The one composition of an estimate (no checks): the placement derived once and handed to the memory and
-    performance models. With ``perf_below_gib`` (the search's memory-first scoring), no performance (None) for
-    a layout whose peak exceeds it or whose host memory does not fit."""
-    placement = shared_placement(model, layout, workload, engine)
-    mem = estimate_memory(model, cluster, layout, workload, engine, coef, placement)
-    if perf_below_gib is not None and (mem.peak_gib > perf_below_gib or not mem.host_fits):
-        return mem, None
-    return mem, estimate_performance(model, cluster, layout, workload, engine, coef, placement)

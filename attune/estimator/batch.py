@@ -1,0 +1,350 @@
+"""The estimator over a batch of layouts held as columns: ``estimate_batch`` (issue 18's array engine).
+
+``estimate_batch(model, cluster, cols, workload, engine, coef=None) -> BatchEstimate`` estimates every row of a
+`LayoutColumns` batch at once with numpy: the placement as ``[rows, stages, chunks]`` arrays (``batch_place``), the
+per-layer costs and times once per distinct shape (``batch_tables``, by the scalar functions), the per-stage step-time
+parts (``batch_time``) and memory terms (``batch_memory``), accumulated in the scalar path's order so that every term
+equals ``estimate()``'s (tests/test_batch_engine.py, benchmarks/estimate_equivalence.py). Rows are computed in groups
+of one (PP, VPP, full-recompute method), so no group carries padding; the per-stage records a caller reads are
+``[rows, stages]`` arrays padded to the batch's largest PP, with the mask ``BatchEstimate.stage``. Coefficients are
+chosen as ``estimate()`` chooses them: ``coefficients_for`` the cluster's GPU when ``coef`` is None. No layout rule
+is checked (``estimate(..., check_layout=False)``).
+
+The rows the array engine does not cover are estimated by the scalar composition (``estimate_parts``) row by row and
+written into the same arrays: ``scalar_rows`` decides which (one place), and ``BatchEstimate.scalar_rows`` says
+which rows went that way. Those are MoE models (routed experts, EP), low-precision GEMMs (fp8 / mxfp8 / nvfp4),
+multi-token prediction: their physics is being changed elsewhere and stays in one (scalar) place until it settles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from functools import cached_property
+
+import numpy as np
+
+from attune.errors import LayoutError
+from attune.estimator.batch_memory import BatchStageMemory, stage_memory
+from attune.estimator.batch_place import batching, place_batch
+from attune.estimator.batch_tables import (
+    KindTables,
+    KnobTables,
+    OverheadTables,
+    group_ids,
+    kind_tables,
+    knob_tables,
+    overhead_tables,
+)
+from attune.estimator.batch_time import (
+    BatchStageTime,
+    BatchStep,
+    dp_seconds,
+    optimizer_seconds,
+    pipeline,
+    pp_send_seconds,
+    stage_params,
+    stage_times,
+)
+from attune.estimator.compose import estimate_parts
+from attune.estimator.memory import MemoryEstimate
+from attune.estimator.metrics import model_flops_utilization
+from attune.estimator.performance import PerfEstimate
+from attune.spec.columns import LayoutColumns
+from attune.spec.engine import Engine
+from attune.spec.hardware import Cluster, GiB
+from attune.spec.layout import Workload
+from attune.spec.model import ModelSpec
+
+from .coefficients import Coefficients, coefficients_for
+
+
+@dataclass(frozen=True)
+class StagePiece:
+    """The per-stage records of some rows of a batch (one (PP, VPP) group, or one scalar row)."""
+
+    rows: np.ndarray
+    """Their row numbers in the batch."""
+    stage: np.ndarray
+    time: BatchStageTime
+    memory: BatchStageMemory
+
+
+class BatchEstimate:
+    """Memory and speed of every row of a batch: arrays ``[rows]`` and, per stage, ``[rows, stages]`` (stages up
+    to the batch's largest PP; ``stage`` masks the ones a row has). The per-stage records are assembled in row order
+    when first read (a search reads the per-row figures only)."""
+
+    def __init__(self, *, step: BatchStep, tokens_per_s_per_gpu: np.ndarray, mfu: np.ndarray,
+                 usd_per_million_tokens: np.ndarray, peak_gib: np.ndarray, peak_allocated_gib: np.ndarray,
+                 peak_reserved_gib: np.ndarray, peak_stage: np.ndarray, host_needed_gib: np.ndarray,
+                 host_capacity_gib: float, capacity_gib: float, fits: np.ndarray, scalar_rows: np.ndarray,
+                 pieces: list[StagePiece]) -> None:
+        self.step = step
+        """Per row: pipeline, bubble, exposed DP communication, optimizer, overhead, step time, critical stage."""
+        self.tokens_per_s_per_gpu, self.mfu = tokens_per_s_per_gpu, mfu
+        self.usd_per_million_tokens = usd_per_million_tokens
+        self.peak_gib = peak_gib
+        """The largest stage's total (what the verdict compares with capacity_gib), GiB."""
+        self.peak_allocated_gib, self.peak_reserved_gib = peak_allocated_gib, peak_reserved_gib
+        self.peak_stage = peak_stage
+        self.host_needed_gib = host_needed_gib
+        """CPU-offloaded optimizer state per node, GiB."""
+        self.host_capacity_gib, self.capacity_gib, self.fits = host_capacity_gib, capacity_gib, fits
+        self.scalar_rows = scalar_rows
+        """[N] rows estimated by the scalar composition (``scalar_rows``), not the array engine."""
+        self.pieces = pieces
+
+    def __len__(self) -> int:
+        return len(self.fits)
+
+    @property
+    def host_fits(self) -> np.ndarray:
+        """[N] the CPU-offloaded optimizer state fits in the nodes' host memory (``MemoryEstimate.host_fits``)."""
+        return self.host_needed_gib <= self.host_capacity_gib
+
+    def terms(self, i: int) -> dict[str, float]:
+        """Every term of row i by name, as ``estimate_terms`` names a scalar estimate's (stage terms as
+        ``name[stage]``; a named overhead the stage does not have reads 0)."""
+        st = self.step
+        out = {k: float(getattr(st, k)[i]) for k in STEP_FIELDS}
+        out.update({k: float(getattr(self, k)[i]) for k in ROW_FIELDS if k != "scalar_rows"})
+        out.update(critical_stage=float(st.critical_stage[i]), microbatches=float(st.microbatches[i]))
+        for s in np.flatnonzero(self.stage[i]):
+            out.update({f"{f.name}[{s}]": float(getattr(self.time, f.name)[i, s]) for f in fields(BatchStageTime)})
+            out.update({f"{f.name}[{s}]": float(getattr(self.memory, f.name)[i, s]) for f in fields(BatchStageMemory)
+                        if f.name != "overheads"})
+            out.update({f"overhead.{k}[{s}]": float(v[i, s]) for k, v in self.memory.overheads.items()})
+        return out
+
+    @cached_property
+    def stage(self) -> np.ndarray:
+        """[N, S] the row has this pipeline stage."""
+        return _merge_array(self._order, self._stages, [p.stage for p in self.pieces])
+
+    @cached_property
+    def time(self) -> BatchStageTime:
+        """Per stage, one microbatch: forward / backward GEMM, attention, GDN, memory-bound work, recompute, exposed
+        TP / CP / PP / EP communication, activation offload, seconds."""
+        return _merge_record(BatchStageTime, self._order, self._stages, [p.time for p in self.pieces])
+
+    @cached_property
+    def memory(self) -> BatchStageMemory:
+        """Per stage: weights, grads, optimizer states, activations, logits, each named overhead; allocated,
+        reserved and total peaks, GiB."""
+        return _merge_record(BatchStageMemory, self._order, self._stages, [p.memory for p in self.pieces])
+
+    def stage_values(self, name: str) -> np.ndarray:
+        """[N, S] one per-stage term by name (a ``BatchStageTime`` or ``BatchStageMemory`` field, or a named
+        overhead), assembled alone: what a search reads (``total_gib``) without building every record."""
+        if "time" in self.__dict__ or "memory" in self.__dict__:
+            rec = self.time if name in _TIME_NAMES else self.memory
+            return getattr(rec, name) if hasattr(rec, name) else rec.overheads[name]
+        if name in _TIME_NAMES:
+            parts = [getattr(p.time, name) for p in self.pieces]
+        elif name in _MEMORY_NAMES:
+            parts = [getattr(p.memory, name) for p in self.pieces]
+        else:
+            parts = [p.memory.overheads.get(name, np.zeros_like(p.memory.params)) for p in self.pieces]
+        return _merge_array(self._order, self._stages, parts)
+
+    @property
+    def _order(self) -> np.ndarray:
+        return np.concatenate([p.rows for p in self.pieces])
+
+    @property
+    def _stages(self) -> int:
+        return max(p.stage.shape[1] for p in self.pieces)
+
+
+STEP_FIELDS = ("pipeline_s", "bubble_s", "dp_comm_s", "optimizer_s", "overhead_s", "step_time_s")
+"""The seconds of ``BatchStep`` that ``PerfEstimate`` has under the same names."""
+
+
+def estimate_terms(mem: MemoryEstimate, perf: PerfEstimate) -> dict[str, float]:
+    """Every term of a scalar estimate (``estimate_parts``) by the names ``BatchEstimate.terms`` gives a row's."""
+    out = {k: float(getattr(perf, k)) for k in STEP_FIELDS}
+    out.update(tokens_per_s_per_gpu=perf.tokens_per_s_per_gpu, mfu=perf.mfu,
+               usd_per_million_tokens=perf.usd_per_million_tokens, peak_gib=mem.peak_gib,
+               peak_allocated_gib=mem.peak_allocated_gib, peak_reserved_gib=mem.peak_reserved_gib,
+               peak_stage=float(mem.peak_stage), host_needed_gib=mem.host_needed_gib, fits=float(mem.fits),
+               critical_stage=float(perf.breakdown.critical_stage), microbatches=float(mem.batch.microbatches))
+    for s, (ts, ms) in enumerate(zip(perf.stages, mem.stages)):
+        out.update({f"{f.name}[{s}]": float(ts.parts[f.name] if f.name in ts.parts else getattr(ts, f.name))
+                    for f in fields(BatchStageTime)})
+        out.update({f"{f.name}[{s}]": float(getattr(ms, f.name)) for f in fields(BatchStageMemory)
+                    if f.name != "overheads"})
+        out.update({f"overhead.{k}[{s}]": float(v) for k, v in ms.overheads.items()})
+    return out
+
+
+_TIME_NAMES = frozenset(f.name for f in fields(BatchStageTime))
+_MEMORY_NAMES = frozenset(f.name for f in fields(BatchStageMemory)) - {"overheads"}
+
+
+def scalar_rows(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, engine: Engine) -> np.ndarray:
+    """[N] the rows the array engine does not cover (the one place that decides): every row of an MoE model;
+    low-precision GEMMs; multi-token prediction; expert parallelism."""
+    n = len(cols)
+    if model.moe is not None:
+        return np.ones(n, dtype=bool)
+    low = np.not_equal(cols["fp8_format"], None) | np.not_equal(cols["fp4_format"], None)
+    return low | (cols["mtp_layers"] > 0) | (cols["ep"] * cols["etp"] > 1)
+
+
+def _array_estimate(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: Workload, engine: Engine,
+                    coef: Coefficients) -> BatchEstimate:
+    """The array engine on rows it covers: the shared tables once, then each group of rows of one (PP, VPP) and
+    full-recompute method (none, block, uniform), without padding (stages and chunks are whole arrays there, and
+    only that recompute policy's terms are computed)."""
+    _, tokens, _ = batching(cols, workload, engine)
+    # the performance model's coefficients: CPU BLAS saturates at smaller GEMMs (estimate_performance)
+    pcoef = replace(coef, gemm_half_dim=coef.cpu_gemm_half_dim) if cluster.gpu.is_cpu else coef
+    kt = kind_tables(model, cluster, cols, tokens, workload, engine, pcoef)
+    kn = knob_tables(model, cols, kt, engine)
+    ot = overhead_tables(model, cluster, cols, workload, engine, coef)
+    pp_send = pp_send_seconds(model, cluster, cols, tokens, engine, coef)
+    gran = cols["recompute_granularity"]
+    policy = np.where(gran == "full", np.where(cols["recompute_method"] == "block", 1, 2), 0)
+    gid, first = group_ids(cols["pp"], cols["vpp"], policy)
+    if len(first) == 1:
+        return _group_estimate(model, cluster, cols, workload, engine, coef, kt, kn, ot, pp_send)
+    pieces = []
+    for g in range(len(first)):
+        idx = np.flatnonzero(gid == g)
+        pieces.append((idx, _group_estimate(model, cluster, cols.take(idx), workload, engine, coef, kt.rows(idx),
+                                            kn.rows(idx), ot.rows(idx), pp_send[idx])))
+    return _merge(pieces)
+
+
+def _group_estimate(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: Workload, engine: Engine,
+                    coef: Coefficients, kt: KindTables, kn: KnobTables, ot: OverheadTables,
+                    pp_send: np.ndarray) -> BatchEstimate:
+    """Rows of one (PP, VPP, recompute method): placement, per-stage times and memory, the step and the verdict."""
+    pl = place_batch(model, cols, workload, engine)
+    st = stage_times(model, cluster, cols, pl, kt, kn, pp_send)
+    params = stage_params(model, cols, pl, kt)
+    pipe, bubble, crit, _ = pipeline(st, pl)
+    dp_s = dp_seconds(cluster, cols, engine, coef, pl, st, params)
+    opt = optimizer_seconds(cluster, cols, engine, coef, pl, params)
+    overhead = np.full(len(cols), float(getattr(coef, engine.step_overhead)))
+    step_s = pipe + dp_s + opt + overhead
+    mem = stage_memory(model, cluster, cols, engine, coef, pl, kt, kn, ot, params)
+    step = BatchStep(pipe, bubble, dp_s, opt, overhead, step_s, crit, pl.microbatches)
+    return _finish(model, cluster, cols, workload, pl.stage, st, step, mem, np.zeros(len(cols), dtype=bool))
+
+
+def _finish(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: Workload, stage: np.ndarray,
+            st: BatchStageTime, step: BatchStep, mem: BatchStageMemory, scalar: np.ndarray) -> BatchEstimate:
+    """Throughput, MFU, cost, peaks and the verdict from the per-stage terms (``MemoryEstimate``'s properties)."""
+    gpu = cluster.gpu
+    world = cols["tp"] * cols["pp"] * cols["cp"] * cols["dp"]
+    tps = workload.tokens_per_step / step.step_time_s / world
+    total = np.where(stage, mem.total_gib, -np.inf)
+    host = 0.0
+    for s in range(stage.shape[1]):
+        host = host + np.where(stage[:, s], mem.host_optimizer_gib[:, s], 0.0)
+    host_needed = host / cols["pp"] * cluster.gpus_per_node
+    host_cap = 0.9 * gpu.host_memory_bytes / GiB
+    capacity = gpu.capacity_gib / cluster.gpus_per_node if gpu.is_cpu else gpu.capacity_gib  # CPU workers share it
+    peak = total.max(axis=1)
+    with np.errstate(divide="ignore"):
+        usd = np.where(tps > 0, gpu.usd_per_hour / 3600.0 / tps * 1e6, np.inf)  # metrics.usd_per_million_tokens
+    return BatchEstimate(
+        step=step, tokens_per_s_per_gpu=tps, mfu=model_flops_utilization(tps, model, gpu), usd_per_million_tokens=usd,
+        peak_gib=peak, peak_allocated_gib=np.where(stage, mem.allocated_gib, -np.inf).max(axis=1),
+        peak_reserved_gib=np.where(stage, mem.reserved_gib, -np.inf).max(axis=1), peak_stage=np.argmax(total, axis=1),
+        host_needed_gib=host_needed, host_capacity_gib=host_cap, capacity_gib=capacity,
+        fits=(peak <= capacity) & (host_needed <= host_cap), scalar_rows=scalar,
+        pieces=[StagePiece(np.arange(len(peak)), stage, st, mem)])
+
+
+def _one_row(mem: MemoryEstimate, perf: PerfEstimate) -> BatchEstimate:
+    """A batch of one from the scalar composition's result (the rows ``scalar_rows`` selects)."""
+    row = lambda xs: np.array([xs], dtype=np.float64)  # noqa: E731
+    ms, ps = mem.stages, perf.stages
+    time = BatchStageTime(**{f.name: row([s.parts[f.name] if f.name in s.parts else getattr(s, f.name) for s in ps])
+                             for f in fields(BatchStageTime)})
+    names = list(dict.fromkeys(k for s in ms for k in s.overheads))
+    memory = BatchStageMemory(
+        **{f.name: row([getattr(s, f.name) for s in ms]) for f in fields(BatchStageMemory) if f.name != "overheads"},
+        overheads={k: row([s.overheads.get(k, 0.0) for s in ms]) for k in names})
+    b = perf.breakdown
+    step = BatchStep(row(perf.pipeline_s), row(perf.bubble_s), row(perf.dp_comm_s), row(perf.optimizer_s),
+                     row(perf.overhead_s), row(perf.step_time_s), np.array([b.critical_stage]),
+                     np.array([mem.batch.microbatches]))
+    return BatchEstimate(
+        step=step, tokens_per_s_per_gpu=row(perf.tokens_per_s_per_gpu), mfu=row(perf.mfu),
+        usd_per_million_tokens=row(perf.usd_per_million_tokens), peak_gib=row(mem.peak_gib),
+        peak_allocated_gib=row(mem.peak_allocated_gib), peak_reserved_gib=row(mem.peak_reserved_gib),
+        peak_stage=np.array([mem.peak_stage]), host_needed_gib=row(mem.host_needed_gib),
+        host_capacity_gib=mem.host_capacity_gib, capacity_gib=mem.capacity_gib, fits=np.array([mem.fits]),
+        scalar_rows=np.array([True]), pieces=[StagePiece(np.zeros(1, np.int64), np.ones((1, len(ms)), dtype=bool),
+                                                          time, memory)])
+
+
+def _merge_array(order: np.ndarray, S: int, pieces: list[np.ndarray]) -> np.ndarray:
+    """One [n] or [n, S] array from pieces holding the rows ``order`` lists, in that order (stages past a piece's own
+    are 0 / False): the pieces are stacked, then put back in row order with one gather."""
+    if pieces[0].ndim == 2:
+        out = np.zeros((len(order), S), dtype=pieces[0].dtype)
+        at = 0
+        for a in pieces:
+            out[at:at + len(a), :a.shape[1]] = a
+            at += len(a)
+    else:
+        out = np.concatenate(pieces)
+    back = np.empty_like(order)
+    back[order] = np.arange(len(order))
+    return out[back]
+
+
+def _merge_record(cls, order: np.ndarray, S: int, pieces: list):
+    """A record of arrays (BatchStageTime, BatchStep, BatchStageMemory) merged field by field."""
+    out = {}
+    for f in fields(cls):
+        if f.name == "overheads":
+            names = list(dict.fromkeys(k for r in pieces for k in r.overheads))
+            out[f.name] = {k: _merge_array(order, S, [r.overheads.get(k, np.zeros_like(r.params)) for r in pieces])
+                           for k in names}
+        else:
+            out[f.name] = _merge_array(order, S, [getattr(r, f.name) for r in pieces])
+    return cls(**out)
+
+
+ROW_FIELDS = ("tokens_per_s_per_gpu", "mfu", "usd_per_million_tokens", "peak_gib", "peak_allocated_gib",
+              "peak_reserved_gib", "peak_stage", "host_needed_gib", "fits", "scalar_rows")
+"""The [rows] arrays of a BatchEstimate besides ``step``."""
+
+
+def _merge(pieces: list[tuple[np.ndarray, BatchEstimate]]) -> BatchEstimate:
+    """The batch from estimates of disjoint row sets (row indices, estimate) covering every row, in row order; the
+    per-stage pieces are kept as they are (renumbered), to be assembled when read."""
+    order = np.concatenate([i for i, _ in pieces])
+    ests = [b for _, b in pieces]
+    row = {k: _merge_array(order, 1, [getattr(b, k) for b in ests]) for k in ROW_FIELDS}
+    stage_pieces = [StagePiece(i[p.rows], p.stage, p.time, p.memory) for i, b in pieces for p in b.pieces]
+    return BatchEstimate(step=_merge_record(BatchStep, order, 1, [b.step for b in ests]),
+                         host_capacity_gib=ests[0].host_capacity_gib, capacity_gib=ests[0].capacity_gib,
+                         pieces=stage_pieces, **row)
+
+
+def estimate_batch(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: Workload, engine: Engine,
+                   coef: Coefficients | None = None) -> BatchEstimate:
+    """Memory and performance of every row of ``cols`` (no layout rule checked). Without ``coef``, the fitted set of
+    the cluster's GPU generation (``coefficients_for``), as ``estimate`` does. Rows ``scalar_rows`` selects go
+    through the scalar composition (``estimate_parts``), the others through the array engine."""
+    coef = coef if coef is not None else coefficients_for(cluster.gpu)
+    scalar = scalar_rows(model, cluster, cols, engine)
+    pieces: list[tuple[np.ndarray, BatchEstimate]] = []
+    if not scalar.all():
+        sub = cols if not scalar.any() else cols.take(~scalar)
+        est = _array_estimate(model, cluster, sub, workload, engine, coef)
+        if not scalar.any():
+            return est
+        pieces.append((np.flatnonzero(~scalar), est))
+    for i in np.flatnonzero(scalar):
+        mem, perf = estimate_parts(model, cluster, cols.layout(int(i)), workload, engine, coef)
+        pieces.append((np.array([i]), _one_row(mem, perf)))
+    if not pieces:
+        raise LayoutError("estimate_batch: an empty batch (give at least one layout)")
+    return _merge(pieces)

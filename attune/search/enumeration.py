@@ -45,7 +45,7 @@ from attune.search.space import (
 )
 from attune.spec.columns import NONE_INT, LayoutColumns
 from attune.spec.engine import Engine
-from attune.spec.identity import IDENTITY_ITEMS, key_function
+from attune.spec.identity import IDENTITY_ITEMS, key_function, layout_key
 from attune.spec.knob_registry import GENERIC as _ALL_GENERIC
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec
@@ -94,8 +94,9 @@ class EnumeratedSpace:
     def __init__(self, *, cols: LayoutColumns, structs: list[_Structure], struct_idx: np.ndarray,
                  tparams: list[dict], tmpl_idx: np.ndarray, rl_param: np.ndarray, tkeys: list[tuple],
                  tkey_idx: np.ndarray, split_ids: dict, codes: np.ndarray, n_key: np.ndarray, radix: tuple[int, int],
-                 knobs: tuple[str, ...], features: np.ndarray, num_layers: int) -> None:
+                 knobs: tuple[str, ...], features: np.ndarray, num_layers: int, target: tuple) -> None:
         self.cols = cols
+        self._target = target  # (space, model, world size, workload, engine)
         self.features = features
         self.num_layers = num_layers
         self._structs, self._struct_idx = structs, struct_idx
@@ -130,6 +131,17 @@ class EnumeratedSpace:
         k[_POS_VIRT] = ("virtual_stage_layers", s.virt)
         k[_POS_N] = ("recompute_num_layers", n if n > 0 else None)
         return tuple(k)
+
+    def row_of_params(self, params: dict) -> int | None:
+        """The row whose parameter set is `params` (None when no row has exactly it: a parameter set that maps to
+        a row's layout but is not its first in knob order has none)."""
+        space, model, world, workload, engine = self._target
+        try:
+            lay = space.to_layout(dict(params), model, world, workload, engine)
+        except (LayoutError, KeyError, TypeError, ValueError):
+            return None
+        r = self.row_of_key(layout_key(lay, self.num_layers))
+        return r if r is not None and self.params(r) == dict(params) else None
 
     def row_of_key(self, key: tuple) -> int | None:
         """The row holding this `layout_key` (None when there is none)."""
@@ -383,7 +395,7 @@ def enumerate_columns(space: SearchSpace, model: ModelSpec, world_size: int, wor
                            codes=codes[keep], n_key=n_key[keep], radix=radix,
                            knobs=tuple(k for k in (*_PARAM_ORDER, *(g.name for g, _, _ in tm.generic), "stage_layout")
                                        if k in space.knobs),
-                           features=features, num_layers=L)
+                           features=features, num_layers=L, target=(space, model, world_size, workload, engine))
 
 
 def _empty(space: SearchSpace, model: ModelSpec, world_size: int):

@@ -251,75 +251,94 @@ def _split_of(space, model, engine, tp, pp, cp, dp, vpp, fo, lo, sl, top, refusa
 
 
 class _Templates:
-    """Template rows of every (TP, PP, CP, DP, VPP, top), their base rows (the row less its recompute layer count)
-    checked once each with `to_layout` on a representative split."""
+    """The template rows of every (TP, PP, CP, DP, VPP) and largest block recompute count, as indices into global
+    arrays: a row's base row (the row less its recompute layer count; checked once with `to_layout` on a
+    representative split, one recomputed layer) and its recompute layer parameter."""
 
     def __init__(self, space: SearchSpace, model: ModelSpec, world_size: int, workload: Workload, engine: Engine):
         self.space, self.model, self.world, self.workload, self.engine = space, model, world_size, workload, engine
         self.generic = [(k, d, d[:1]) for k in (GENERIC if model.moe else GENERIC_DENSE) if k.searched
                         for d in (space.domain(k.name),)]
         self.shared = model.moe is not None and model.moe.shared_ffn > 0
-        # per template row (global): its base row, its recompute layer parameter, its parameter set (less the split)
-        self.base: list[int] = []
-        self.rl: list[int] = []
-        self.params: list[dict] = []
-        # per base row (global): the representative layout (None: to_layout refuses it)
+        # per base row: the representative layout (None: to_layout refuses it) and the parameter set (less the split)
         self.base_layouts: list[Layout | None] = []
-        self._base_ids: dict[tuple, int] = {}
-        self.ranges: dict[tuple, tuple[int, int]] = {}
+        self.base_params: list[dict] = []
+        # per template row (global, in chunks): its base row, its recompute layer parameter, whether it is a block
+        # recompute row (the rows a smaller largest-chunk drops)
+        self._base: list[np.ndarray] = []
+        self._rl: list[np.ndarray] = []
+        self._block: list[np.ndarray] = []
+        self._size = 0
+        self._sizes: dict[tuple, tuple] = {}  # (TP, PP, CP, DP, VPP) -> its template rows (every block count)
+        self._rows: dict[tuple, np.ndarray] = {}  # ... + (top,) -> the rows kept
 
-    def of(self, s: _Structure, rep: _Structure) -> tuple[int, int]:
-        """The template rows [start, stop) of structure `s`'s sizes (`rep`: the representative split)."""
-        k = (s.tp, s.pp, s.cp, s.dp, s.vpp, s.top)
-        if k not in self.ranges:
-            start = len(self.base)
-            self._build(s, rep)
-            self.ranges[k] = (start, len(self.base))
-        return self.ranges[k]
+    def of(self, s: _Structure, rep: _Structure) -> np.ndarray:
+        """The template rows of structure `s` (global indices, in the enumeration's order; `rep`: the
+        representative split of its sizes)."""
+        k = (s.tp, s.pp, s.cp, s.dp, s.vpp)
+        kt = k + (max(s.top, 1),)
+        rows = self._rows.get(kt)
+        if rows is None:
+            if k not in self._sizes:
+                self._sizes[k] = self._build(s, rep)
+            idx, rl, block = self._sizes[k]
+            keep = ~(block & (rl > kt[-1]))
+            rows = self._rows[kt] = idx[keep]
+        return rows
 
-    def _build(self, s: _Structure, rep: _Structure) -> None:
+    def freeze(self) -> None:
+        self.base = np.concatenate(self._base) if self._base else np.zeros(0, dtype=np.int64)
+        self.rl = np.concatenate(self._rl) if self._rl else np.zeros(0, dtype=np.int64)
+        self.block = np.concatenate(self._block) if self._block else np.zeros(0, dtype=bool)
+
+    def _build(self, s: _Structure, rep: _Structure) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         space, model = self.space, self.model
         tp, pp, cp, dp, vpp = s.tp, s.pp, s.cp, s.dp, s.vpp
         sps = [x for x in space.domain("sequence_parallel") if not x] or space.domain("sequence_parallel")[:1] \
             if tp == 1 else space.domain("sequence_parallel")
         fixed_rl, fixed_rm = min(space.domain("recompute_layers"), key=abs), space.domain("recompute_method")[0]
-        recs = []
+        # (recompute, method, its layer counts): the enumeration's recompute entries, block with every count
+        groups = []
         for rec in space.domain("recompute"):
             if rec != "full":
-                recs.append((rec, fixed_rm, fixed_rl))
+                groups.append((rec, fixed_rm, [fixed_rl]))
                 continue
             for rm in space.domain("recompute_method"):
-                if rm == "uniform":
-                    recs.append((rec, rm, space.domain("recompute_layers")[0]))
-                else:
-                    recs += [(rec, rm, n) for n in space.domain("recompute_layers") if n <= max(s.top, 1)]
+                groups.append((rec, rm, [space.domain("recompute_layers")[0]] if rm == "uniform"
+                               else list(space.domain("recompute_layers"))))
         moe = ([(ep, etp, dsp) for ep, etp, dsp in itertools.product(
             space.domain("ep"), space.domain("etp"), space.domain("dispatcher"))
             if (tp * cp * dp) % (ep * etp) == 0]
             if model.moe is not None else [(1, 1, space.domain("dispatcher")[0])])
         names = [k.name for k, _, _ in self.generic]
-        for sp, (rec, rm, rl), off, rows, (ep, etp, dsp) in itertools.product(
-                sps, recs, space.domain("optimizer_cpu_offload"), space.domain("tokens_per_microbatch_rows"), moe):
-            ctx = KnobContext(tp, bool(sp) and tp > 1, pp, cp, dp, vpp, rec, bool(off), self.shared, ep, dsp)
-            for values in itertools.product(*(d if len(d) > 1 and k.applies(ctx) else d1 for k, d, d1 in self.generic)):
-                params = {"tp": tp, "sequence_parallel": sp, "pp": pp, "vpp": vpp, "cp": cp, "recompute": rec,
-                          "recompute_method": rm, "recompute_layers": rl, "optimizer_cpu_offload": off,
-                          "tokens_per_microbatch_rows": rows, "ep": ep, "etp": etp, "dispatcher": dsp,
-                          **dict(zip(names, values))}
-                bkey = (tp, pp, cp, vpp, sp, rec, rm if rec == "full" else None, off, rows, ep, etp, dsp, values)
-                b = self._base_ids.get(bkey)
-                if b is None:
-                    b = self._base_ids[bkey] = len(self.base_layouts)
+        start, n_chunks = self._size, len(self._rl)
+        for sp, (rec, rm, rls) in itertools.product(sps, groups):
+            bases = []  # the base rows of one recompute layer count, in order (the same for every count)
+            for off, rows, (ep, etp, dsp) in itertools.product(
+                    space.domain("optimizer_cpu_offload"), space.domain("tokens_per_microbatch_rows"), moe):
+                ctx = KnobContext(tp, bool(sp) and tp > 1, pp, cp, dp, vpp, rec, bool(off), self.shared, ep, dsp)
+                for values in itertools.product(*(d if len(d) > 1 and k.applies(ctx) else d1
+                                                  for k, d, d1 in self.generic)):
+                    params = {"tp": tp, "sequence_parallel": sp, "pp": pp, "vpp": vpp, "cp": cp, "recompute": rec,
+                              "recompute_method": rm, "recompute_layers": rls[0], "optimizer_cpu_offload": off,
+                              "tokens_per_microbatch_rows": rows, "ep": ep, "etp": etp, "dispatcher": dsp,
+                              **dict(zip(names, values))}
                     probe = {**params, "recompute_layers": 1, "first_offset": rep.fo, "last_offset": rep.lo,
                              "stage_layout": rep.sl}
                     try:
                         lay = space.to_layout(probe, model, self.world, self.workload, self.engine)
                     except LayoutError:
                         lay = None
+                    bases.append(len(self.base_layouts))
                     self.base_layouts.append(lay)
-                self.base.append(b)
-                self.rl.append(rl)
-                self.params.append(params)
+                    self.base_params.append(params)
+            b = np.asarray(bases, dtype=np.int64)
+            self._base.append(np.tile(b, len(rls)))
+            self._rl.append(np.repeat(np.asarray(rls, dtype=np.int64), len(b)))
+            self._block.append(np.full(len(b) * len(rls), rec == "full" and rm != "uniform"))
+            self._size += len(b) * len(rls)
+        return (np.arange(start, self._size, dtype=np.int64), np.concatenate(self._rl[n_chunks:]),
+                np.concatenate(self._block[n_chunks:]))
 
 
 def enumerate_columns(space: SearchSpace, model: ModelSpec, world_size: int, workload: Workload,
@@ -330,14 +349,12 @@ def enumerate_columns(space: SearchSpace, model: ModelSpec, world_size: int, wor
     structs = _structures(space, model, world_size, engine)
     tm = _Templates(space, model, world_size, workload, engine)
     reps: dict[tuple, _Structure] = {}
-    s_idx, t_lo, t_hi = [], [], []
-    for i, s in enumerate(structs):
+    rows_of = []
+    for s in structs:
         rep = reps.setdefault((s.tp, s.pp, s.cp, s.dp, s.vpp), s)
-        a, b = tm.of(s, rep)
-        s_idx.append(i)
-        t_lo.append(a)
-        t_hi.append(b)
-    if not s_idx or not tm.base_layouts:
+        rows_of.append(tm.of(s, rep))
+    tm.freeze()
+    if not structs or not tm.base_layouts:
         return _empty(space, model, world_size)
     # base rows: validity, recompute kind, the template part of the key
     base = tm.base_layouts
@@ -359,13 +376,11 @@ def enumerate_columns(space: SearchSpace, model: ModelSpec, world_size: int, wor
         b_tkey[j] = tkey_ids.setdefault(k, len(tkeys))
         if b_tkey[j] == len(tkeys):
             tkeys.append(k)
-    t_base = np.asarray(tm.base, dtype=np.int64)
-    t_rl = np.asarray(tm.rl, dtype=np.int64)
+    t_base, t_rl = tm.base, tm.rl
     # candidates = structures x their template rows, in the enumeration's order
-    lens = np.asarray(t_hi) - np.asarray(t_lo)
-    c_struct = np.repeat(np.asarray(s_idx, dtype=np.int64), lens)
-    starts = np.repeat(np.asarray(t_lo, dtype=np.int64) - np.concatenate(([0], np.cumsum(lens)[:-1])), lens)
-    c_tmpl = np.arange(len(c_struct), dtype=np.int64) + starts
+    lens = np.array([len(r) for r in rows_of], dtype=np.int64)
+    c_struct = np.repeat(np.arange(len(structs), dtype=np.int64), lens)
+    c_tmpl = np.concatenate(rows_of)
     c_base = t_base[c_tmpl]
     # the structures' chunk bounds and split identity
     split_ids: dict[tuple, int] = {}
@@ -390,7 +405,7 @@ def enumerate_columns(space: SearchSpace, model: ModelSpec, world_size: int, wor
     k_struct, k_tmpl, k_base, k_n = c_struct[keep], c_tmpl[keep], c_base[keep], n[keep]
     cols = _columns(structs, base, k_struct, k_base, k_n)
     features = _features(cols, structs, k_struct, base, k_base, L)
-    return EnumeratedSpace(cols=cols, structs=structs, struct_idx=k_struct, tparams=tm.params, tmpl_idx=k_tmpl,
+    return EnumeratedSpace(cols=cols, structs=structs, struct_idx=k_struct, tparams=tm.base_params, tmpl_idx=k_base,
                            rl_param=t_rl[k_tmpl], tkeys=tkeys, tkey_idx=b_tkey[k_base], split_ids=split_ids,
                            codes=codes[keep], n_key=n_key[keep], radix=radix,
                            knobs=tuple(k for k in (*_PARAM_ORDER, *(g.name for g, _, _ in tm.generic), "stage_layout")

@@ -11,8 +11,11 @@ import yaml
 
 from attune.api.target import batch_for_cluster
 from attune.errors import SearchSpaceError
+from attune.estimator import estimate_parts
+from attune.estimator.coefficients import coefficients_for
 from attune.search.enumeration import enumerate_columns
-from attune.search.space import layout_features, layout_key, load_space
+from attune.search.scoring import score_space
+from attune.search.space import layout_features, layout_key, load_space, params_key
 from attune.spec.columns import FIELDS, LayoutColumns
 from attune.spec.engine import get_engine
 from attune.spec.hardware import parse_cluster
@@ -81,3 +84,26 @@ def test_small_space_and_no_layout():
 @pytest.mark.slow
 def test_llama_64_gpus_whole_space_equal():
     assert _same("Llama-3.1-70B", "64xH100", load_space(None)) > 300_000
+
+
+def test_scored_space_reads_like_lists():
+    """The scored table keeps columns; its layouts, parameter sets and stage peaks read like the lists they were,
+    and a row is found by its layout key or its parameter set."""
+    model, cluster, eng = load_model("Llama-3.1-8B"), parse_cluster("8xH100"), get_engine("slime")
+    space, wl = load_space("small"), Workload()
+    coef = coefficients_for(cluster.gpu)
+    table = score_space(space, model, cluster, wl, eng, coef, workers=1)
+    ref = space.enumerate(model, cluster.world_size, wl, eng)
+    assert len(table) == len(table.layouts) == len(table.params) == len(ref) > 10
+    L = model.num_layers
+    pos = table.position_gib()
+    for i, (params, lay) in enumerate(ref):
+        assert table.layouts[i] == lay and table.params[i] == params
+        assert table.row(layout_key(lay, L)) == i and table.row(params_key(params)) == i
+        mem, _ = estimate_parts(model, cluster, lay, wl, eng, coef)
+        st = table.stage_gib[i]
+        assert st == tuple(s.total_gib for s in mem.stages) and len(st) == lay.pp
+        assert pos[i, 0] == st[0] and pos[i, 2] == st[-1]
+        assert pos[i, 1] == (max(st[1:-1]) if len(st) > 2 else -np.inf)
+    assert table.layouts[-1] == ref[-1][1] and table.layouts[:2] == [lay for _, lay in ref[:2]]
+    assert table.row(params_key({"tp": 99})) is None

@@ -29,7 +29,7 @@ from attune.estimator import estimate, estimate_parts
 from attune.estimator.coefficients import Coefficients
 from attune.search.enumeration import EnumeratedSpace, enumerate_columns
 from attune.search.space import SearchSpace
-from attune.spec.columns import LayoutColumns
+from attune.spec.columns import KINDS, NONE_INT, LayoutColumns
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
 from attune.spec.identity import IDENTITY_ITEMS
@@ -195,14 +195,30 @@ def _estimate_columns(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, w
     width = int(cols["pp"].max()) if n else 1
     tokens, step = np.full(n, np.nan), np.full(n, np.nan)
     stages, peak, host = np.full((n, width), np.nan), np.zeros(n), np.zeros(n, dtype=bool)
-    for i in range(n):
-        mem, perf = estimate_parts(model, cluster, cols.layout(i), workload, engine, coef, perf_below_gib=limit)
+    for i, lay in enumerate(_layouts(cols)):
+        mem, perf = estimate_parts(model, cluster, lay, workload, engine, coef, perf_below_gib=limit)
         st = [s.total_gib for s in mem.stages]
         stages[i, :len(st)] = st
         peak[i], host[i] = mem.peak_gib, mem.host_fits
         if perf is not None:
             tokens[i], step[i] = perf.tokens_per_s_per_gpu, perf.step_time_s
     return tokens, step, stages, peak, host
+
+
+def _layouts(cols: LayoutColumns):
+    """Every row as a `Layout`, in order (`LayoutColumns.layout` per row, with the columns turned into Python
+    values once instead of one numpy scalar at a time)."""
+    names = list(cols.columns())
+    values = []
+    for name in names:
+        col = cols[name].tolist()
+        if KINDS[name] == "opt_int":
+            col = [None if v == NONE_INT else v for v in col]
+        elif KINDS[name] == "opt_float":
+            col = [None if v != v else v for v in col]  # NaN
+        values.append(col)
+    for row in zip(*values):
+        yield Layout(**dict(zip(names, row)))
 
 
 def _estimate_job(args) -> tuple:

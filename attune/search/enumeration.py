@@ -11,10 +11,11 @@ models' default spaces). How it gets there:
 * **Templates**: everything else a parameter set decides (SP, recompute, offload, rows, experts, the registry's
   generic knobs) depends on a structure only through its parallel sizes (TP, PP, CP, DP, VPP) and, for the block
   recompute layer counts tried, its largest chunk. The candidates of every structure with the same sizes are one
-  template, in the enumeration's own order. Each template row's rules are checked once with the real
-  `SearchSpace.to_layout` (so `attune.spec.rules.check`) on a representative split of those sizes with one
-  recomputed layer; a row's recompute layer count changes no rule but the chunk bounds, which the clipping in
-  `to_layout` always satisfies, and the MTP rule on uniform recompute, checked on the columns.
+  template, in the enumeration's own order. Each template row less its recompute layer count (a base row, a
+  few thousand in all) is checked once with the real `SearchSpace.to_layout` (so `attune.spec.rules.check`) on a
+  representative split of those sizes with one recomputed layer; the count changes no rule but the chunk bounds,
+  which the clipping in `to_layout` always satisfies, and the MTP rule on uniform recompute, checked on the
+  columns.
 * **Candidates** = structures x their template, as index arrays (numpy): the recompute layer count clipped to the
   chunk, the key of each candidate as one integer (template key part, layers per stage and virtual stage, the
   recompute count), the first valid candidate of each key kept.

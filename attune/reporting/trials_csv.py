@@ -1,7 +1,8 @@
 """trials.csv: one row per trial of the study: its number and state, and the columns derived from its
-`TrialRecord` (layout fields, predicted against measured). `write_csv` writes it from the trials directly (the
-file `trials_frame(study).to_csv(...)` would write, without importing pandas: about a second of the main
-command)."""
+`TrialRecord` (layout fields, predicted against measured). `write_csv` writes it from the trials directly with the
+csv module (the file `trials_frame(study).to_csv(...)` writes, without importing pandas: about a second of the main
+command), except that an integer column with empty cells keeps its integers (pandas made the column float and
+wrote ``1.0``; the replay runner reads both as 1)."""
 
 from __future__ import annotations
 

@@ -133,9 +133,7 @@ class ScoredSpace:
     def row(self, key: tuple) -> int | None:
         """Row of a layout_key or params_key (None when the space does not hold it)."""
         if len(key) == len(IDENTITY_ITEMS) and key and key[0][0] == IDENTITY_ITEMS[0]:
-            r = self.space.row_of_key(key)
-            if r is not None:
-                return r
+            return self.space.row_of_key(key)
         try:
             return self.space.row_of_params(dict(key))
         except (TypeError, ValueError):

@@ -4,9 +4,9 @@
 that cannot change the layout are not expanded, equivalent layouts are deduplicated; no `Layout` object is built),
 estimates them through one function over the columns (`_estimate_columns`; in worker processes when there are
 several cores and many layouts), and keeps arrays: predicted tokens/s/GPU, peak memory per stage, the host-memory
-verdict and the knob-distance features; a row's `Layout` and parameter set are built when something reads them. Memory is predicted first for every layout; throughput only for those within MEMORY_SCORING_MARGIN of
-capacity. The table is
-cached in this process per (model, cluster, workload, engine, space, coefficients), so a study, a resumed
+verdict and the knob-distance features; a row's `Layout` and parameter set are built when something reads them.
+Memory is predicted first for every layout; throughput only for those within MEMORY_SCORING_MARGIN of capacity.
+The table is cached in this process per (model, cluster, workload, engine, space, coefficients), so a study, a resumed
 study and the benchmark's worlds score a space once.
 
 `ScoredSpace.sensitivities` gives d log(tokens/s/GPU) / d log(coefficient) by finite differences for the

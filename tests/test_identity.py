@@ -32,7 +32,8 @@ def test_a_claim_written_before_the_one_key_is_rekeyed_from_its_layout():
 
 def test_grep_finds_one_layout_key():
     """Issue 19: one identity. Exactly one function in attune computes a layout's key (`layout_key`); the replay
-    runner, the sampler, the scoring table and the claims call it, and no other `*_key` of a layout exists."""
+    runner, the sampler, the scoring table's column enumeration (its compiled items, `key_function`) and the claims
+    call it, and no other `*_key` of a layout exists."""
     import re
     from pathlib import Path
     root = Path(__file__).resolve().parents[1] / "attune"
@@ -41,4 +42,4 @@ def test_grep_finds_one_layout_key():
     assert defs == [("attune/spec/identity.py", "layout_key")]
     users = {p.relative_to(root.parent).as_posix() for p in root.rglob("*.py") if "layout_key(" in p.read_text()}
     assert {"attune/runners/replay.py", "attune/search/sampler.py", "attune/search/tuner.py",
-            "attune/search/scoring.py"} <= users
+            "attune/search/enumeration.py"} <= users

@@ -139,6 +139,10 @@ def test_trials_csv_from_trials_dataframe(tmp_path):
     assert rows[0]["measured_peak_gib"] == "1.6" and rows[0]["measured_tokens_per_s_per_gpu"] == "100.0"
     assert rows[0]["memory_error_percent"] == "25.0" and rows[0]["first"] == "3" and rows[0]["tp"] == "1"
     assert rows[1]["kind"] == "invalid" and rows[1]["label"] == "" and rows[1]["reason"].startswith("TP 3")
+    # written from the records directly: the same bytes as the DataFrame's CSV (no integer column has an empty cell
+    # here; where one has, pandas writes 1.0 and the csv module 1)
+    trials_frame(study).to_csv(tmp_path / "frame.csv", index=False, na_rep="", lineterminator="\r\n")
+    assert (tmp_path / "trials.csv").read_bytes() == (tmp_path / "frame.csv").read_bytes()
 
 
 # ------------------------------------------------------------------------------------------ the tuner, end to end

@@ -27,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from scipy.optimize import least_squares
 
 import attune
 from attune.calibrate.report import Prediction, SeriesScore, predict_row, scores
@@ -276,6 +275,8 @@ def solve(rows: Sequence[CorpusRow], params: Sequence[FitParam], start: Coeffici
     r0 = residuals(x0)
     # tight tolerances: the default ftol (1e-8) stops after a dozen evaluations on this flat, hinge-penalised
     # cost and left single-series coefficients (GDN, host optimizer) short of their optimum
+    from scipy.optimize import least_squares  # loaded when a fit runs (a second to import)
+
     sol = least_squares(residuals, x0, bounds=(lo, hi), method="trf", x_scale=width, diff_step=1e-4,
                         ftol=1e-12, xtol=1e-10, gtol=1e-12, max_nfev=max_evaluations)
     cs = apply(sol.x, params, start)

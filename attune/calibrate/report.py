@@ -8,14 +8,15 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from matplotlib.figure import Figure
-from scipy.stats import spearmanr
+from typing import TYPE_CHECKING
 
 from attune.calibrate.rows import MEMORY, Corpus, CorpusRow
 from attune.errors import AttuneError
 from attune.estimator import Estimate, estimate
 from attune.estimator.coefficients import Coefficients, coefficients_for
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 CoefficientsFor = Callable[[CorpusRow], Coefficients]
 """Which coefficients predict a row: by default the fitted set of the row's GPU generation."""
@@ -146,6 +147,8 @@ class SeriesScore:
 def _spearman(meas: Sequence[float], pred: Sequence[float]) -> float | None:
     if len(meas) < MIN_RANK_ROWS or len(set(meas)) < 2 or len(set(pred)) < 2:
         return None
+    from scipy.stats import spearmanr  # scipy.stats and matplotlib load when used (0.7-1 s each to import)
+
     rho = spearmanr(meas, pred).statistic
     return None if math.isnan(rho) else float(rho)
 
@@ -287,6 +290,8 @@ def markdown(preds: Sequence[Prediction], unexpressed: Sequence[CorpusRow], titl
 
 def parity_figure(preds: Sequence[Prediction]) -> Figure:
     """Predicted vs measured tokens/s/GPU on log axes, one colour per series, with the +-10% band."""
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(8, 7))
     ax = fig.subplots()
     pts = [p for p in preds if p.error is not None]

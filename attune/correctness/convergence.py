@@ -32,7 +32,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Mapping, Sequence, Union
 
 import numpy as np
-from scipy import stats
 
 from attune.errors import UserInputError
 
@@ -197,6 +196,8 @@ def pearson(a: np.ndarray, b: np.ndarray) -> float | None:
     """Pearson r (``scipy.stats.pearsonr``), or None where a curve is constant (r is undefined there)."""
     if np.ptp(a) == 0.0 or np.ptp(b) == 0.0:
         return None
+    from scipy import stats  # loaded when a verify compares curves (scipy.stats takes about a second to import)
+
     return float(stats.pearsonr(a, b).statistic)
 
 
@@ -214,6 +215,8 @@ def residual_outliers(residuals: np.ndarray, sigma: float) -> np.ndarray:
     """
     if np.ptp(residuals) == 0.0:
         return np.zeros(len(residuals), dtype=bool)
+    from scipy import stats
+
     return np.abs(stats.zscore(residuals, ddof=0)) > sigma
 
 

@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 from pathlib import Path
-
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING
 
 from attune.estimator import estimate
 from attune.search.records import TrialRecord, records
 from attune.search.tuner import TuneConfig, TuneOutcome
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 # resolution of every plot (dots per inch)
 DPI = 110
 MEMORY_PARTS = ("weights_gib", "grads_gib", "optimizer_gib", "activations_gib", "logits_gib", "overhead_gib")
+
+
+def _figure(**kw) -> Figure:
+    """A matplotlib Figure (matplotlib loads on the first plot: about a second to import, which commands that
+    draw nothing do not pay)."""
+    from matplotlib.figure import Figure
+
+    return Figure(**kw)
 
 
 def _save(fig: Figure, out_dir: Path, name: str, title: str, made: list) -> None:
@@ -29,7 +39,7 @@ def _best_so_far(meas: list[TrialRecord], kind: str) -> Figure:
             best = max(best, t.value)
         xs.append(i + 1)
         ys.append(best)
-    fig = Figure(figsize=(7, 4))
+    fig = _figure(figsize=(7, 4))
     ax = fig.subplots()
     ax.step(xs, ys, where="post", label=f"best so far ({kind})")
     ax.scatter([i + 1 for i, t in enumerate(meas) if t.value is not None],
@@ -42,7 +52,7 @@ def _best_so_far(meas: list[TrialRecord], kind: str) -> Figure:
 
 
 def _memory_by_stage(cfg: TuneConfig, pairs: list[tuple[str, TrialRecord]]) -> Figure:
-    fig = Figure(figsize=(6 * len(pairs), 4))
+    fig = _figure(figsize=(6 * len(pairs), 4))
     axes = fig.subplots(1, len(pairs), squeeze=False)
     for ax, (name, t) in zip(axes[0], pairs):
         est = estimate(cfg.model, cfg.cluster, t.to_layout(), cfg.workload, cfg.engine, cfg.coefficients,
@@ -61,7 +71,7 @@ def _memory_by_stage(cfg: TuneConfig, pairs: list[tuple[str, TrialRecord]]) -> F
 
 
 def _candidates(feas: list[tuple[float, float]], cap: float) -> Figure:
-    fig = Figure(figsize=(7, 4))
+    fig = _figure(figsize=(7, 4))
     ax = fig.subplots()
     ok = [(m, v) for m, v in feas if m <= cap]
     bad = [(m, v) for m, v in feas if m > cap]
@@ -78,7 +88,7 @@ def _candidates(feas: list[tuple[float, float]], cap: float) -> Figure:
 
 
 def _winner_vs_baseline(base: float, best: float, kind: str) -> Figure:
-    fig = Figure(figsize=(5, 4))
+    fig = _figure(figsize=(5, 4))
     ax = fig.subplots()
     vals = [base, best]
     ax.bar(["baseline", "winner"], vals, color=["grey", "tab:green"])

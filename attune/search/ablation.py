@@ -20,6 +20,7 @@ from attune.estimator import estimate
 from attune.estimator.coefficients import Coefficients
 from attune.search.scoring import ScoredSpace, score_space
 from attune.search.space import SearchSpace
+from attune.spec.columns import LayoutColumns
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
 from attune.spec.knobs import not_honoured_summary
@@ -40,26 +41,36 @@ class Knob:
     """Its knob in ``attune.search.space`` (KNOBS)."""
     uses: Callable[[Layout], bool]
     """Whether a layout uses it."""
+    uses_columns: Callable[[LayoutColumns], np.ndarray]
+    """The same for every row of a batch (a bool array)."""
     cost: str
     """What it costs, in words (the usual reason it loses)."""
 
 
+def _nonempty(col: np.ndarray) -> np.ndarray:
+    """Which rows of a module-tuple column name a module."""
+    return np.fromiter((bool(v) for v in col), dtype=bool, count=len(col))
+
+
 KNOBS = (
     Knob(name="pipeline layout string", flags="--pipeline-model-parallel-layout", space_knob="stage_layout",
-         uses=lambda L: L.pipeline_layout is not None,
+         uses=lambda L: L.pipeline_layout is not None, uses_columns=lambda c: c["pipeline_layout"] != None,  # noqa: E711
          cost="moves layers between middle stages; the slowest stage sets the 1F1B step"),
     Knob(name="module recompute", flags="--recompute-modules core_attn mlp", space_knob="recompute_modules",
-         uses=lambda L: bool(L.recompute_modules),
+         uses=lambda L: bool(L.recompute_modules), uses_columns=lambda c: _nonempty(c["recompute_modules"]),
          cost="re-runs the MLP GEMMs (fc1, fc2) of every layer in backward"),
     Knob(name="partial optimizer offload", flags="--optimizer-offload-fraction < 1", space_knob="offload_fraction",
          uses=lambda L: L.optimizer_cpu_offload and L.offload_fraction < 1.0,
+         uses_columns=lambda c: c["optimizer_cpu_offload"] & (c["offload_fraction"] < 1.0),
          cost="CPU Adam step and PCIe copies of the offloaded shard each step"),
     Knob(name="activation offload", flags="--fine-grained-activation-offloading --offload-modules",
          space_knob="activation_offload", uses=lambda L: bool(L.offload_modules),
+         uses_columns=lambda c: _nonempty(c["offload_modules"]),
          cost="PCIe traffic of the offloaded inputs beyond what the microbatch's compute hides"),
     Knob(name="communication overlap", flags="--overlap-grad-reduce --overlap-param-gather (--tp-comm-overlap)",
          space_knob="comm_overlap",
          uses=lambda L: L.overlap_grad_reduce or L.overlap_param_gather or L.tp_comm_overlap,
+         uses_columns=lambda c: c["overlap_grad_reduce"] | c["overlap_param_gather"] | c["tp_comm_overlap"],
          cost="hides DP (and TP) communication that the step exposes"),
 )
 """The issue-15 knobs, in report order."""
@@ -116,9 +127,9 @@ def ablation_of_table(table: ScoredSpace, space: SearchSpace, usable_gib: float)
     best_t = float(tokens[best_i]) if best_i is not None else None
     best_layout = table.layouts[best_i] if best_i is not None else None
     rows = []
-    any_use = np.zeros(len(table.layouts), dtype=bool)
+    any_use = np.zeros(len(table), dtype=bool)
     for k in KNOBS:
-        uses = np.fromiter((k.uses(L) for L in table.layouts), dtype=bool, count=len(table.layouts))
+        uses = np.asarray(k.uses_columns(table.cols), dtype=bool)
         any_use |= uses
         searched = k.space_knob in space.knobs and len(space.domain(k.space_knob)) > 1
         wo = fits & ~uses
@@ -166,10 +177,11 @@ def ablation_of_table(table: ScoredSpace, space: SearchSpace, usable_gib: float)
                     seed_tokens=float(tokens[seed_i]) if seed_i is not None else None)
 
 
-def _knob_modules(layouts: list[Layout], uses: np.ndarray) -> tuple[str, ...]:
+def _knob_modules(layouts, uses: np.ndarray) -> tuple[str, ...]:
     """The modules the knob's layouts name (recompute or offload), for the not-honoured note."""
-    for L, u in zip(layouts, uses):
-        if u and (L.recompute_modules or L.offload_modules):
+    for i in np.flatnonzero(uses):
+        L = layouts[int(i)]
+        if L.recompute_modules or L.offload_modules:
             return L.recompute_modules or L.offload_modules
     return ()
 

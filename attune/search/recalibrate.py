@@ -21,7 +21,6 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import least_squares
 from scipy.special import log_ndtr
 
 from attune.estimator import estimate
@@ -202,6 +201,8 @@ def recalibrate(measurements: list[Measurement], shipped: Coefficients, ctx: tup
             return np.concatenate([(pred - y) / THROUGHPUT_NOISE, theta / prior])
 
         if names:
+            from scipy.optimize import least_squares  # loaded on the first measured recalibration (0.4 s to import)
+
             fit = least_squares(resid, np.zeros(len(names)), bounds=(lo - 1e-12, hi + 1e-12), x_scale=prior,
                                 diff_step=1e-3, xtol=1e-6, ftol=1e-8, max_nfev=60)
             theta = fit.x

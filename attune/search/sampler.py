@@ -209,17 +209,12 @@ class ModelGuidedSampler(BaseSampler):
         self.calibrations: dict[int, Calibration] = {}
         """The calibration after each measured trial (trial number -> Calibration)."""
         t = table
-        n = len(t)
         # predicted stage peaks by position (first, middle max, last); -inf where a layout has no middle stage
-        self._pos_gib = np.full((n, 3), -np.inf)
-        for i, st in enumerate(t.stage_gib):
-            self._pos_gib[i, 0], self._pos_gib[i, 2] = st[0], st[-1]
-            if len(st) > 2:
-                self._pos_gib[i, 1] = max(st[1:-1])
+        self._pos_gib = t.position_gib()
         self._log_tokens = np.log(np.maximum(np.nan_to_num(t.tokens, nan=1e-9), 1e-9))
         self._scored = np.isfinite(t.tokens)
-        self._single = np.array([lay.pp == 1 for lay in t.layouts], dtype=bool)
-        self._pp = np.array([lay.pp for lay in t.layouts])
+        self._pp = t.cols["pp"]
+        self._single = self._pp == 1
         self._oom_floors: list[tuple[int, int, float]] = []  # (PP, position, shipped predicted GiB) of real OOMs
 
     # ------------------------------------------------------------------ Optuna's sampler interface

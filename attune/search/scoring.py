@@ -1,11 +1,12 @@
 """The whole search space scored by the model, once per target: the batched entry point of the search.
 
-`score_space` enumerates every distinct valid layout of a space (`SearchSpace.enumerate`: knobs that cannot
-change the layout are not expanded, equivalent layouts are deduplicated), estimates each with
-`attune.estimator.estimate_parts`, the composition `estimate` uses (in worker processes when there are several cores), and keeps arrays: predicted
-tokens/s/GPU, peak memory per stage, the host-memory verdict and the knob-distance features. Memory is predicted first for every layout; throughput only for those within MEMORY_SCORING_MARGIN of
-capacity. The table is
-cached in this process per (model, cluster, workload, engine, space, coefficients), so a study, a resumed
+`score_space` enumerates every distinct valid layout of a space as columns (`attune.search.enumeration`: knobs
+that cannot change the layout are not expanded, equivalent layouts are deduplicated; no `Layout` object is built),
+estimates them through one function over the columns (`_estimate_columns`; in worker processes when there are
+several cores and many layouts), and keeps arrays: predicted tokens/s/GPU, peak memory per stage, the host-memory
+verdict and the knob-distance features; a row's `Layout` and parameter set are built when something reads them.
+Memory is predicted first for every layout; throughput only for those within MEMORY_SCORING_MARGIN of capacity.
+The table is cached in this process per (model, cluster, workload, engine, space, coefficients), so a study, a resumed
 study and the benchmark's worlds score a space once.
 
 `ScoredSpace.sensitivities` gives d log(tokens/s/GPU) / d log(coefficient) by finite differences for the
@@ -16,20 +17,22 @@ recalibrated model rescores the space as a matrix product; `exact_tokens` re-est
 from __future__ import annotations
 
 import dataclasses
-import math
 import multiprocessing
 import os
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from attune.errors import SearchSpaceError
 from attune.estimator import estimate, estimate_parts
 from attune.estimator.coefficients import Coefficients
-from attune.search.space import SearchSpace, layout_features, layout_key, params_key
+from attune.search.enumeration import EnumeratedSpace, enumerate_columns
+from attune.search.space import SearchSpace
+from attune.spec.columns import KINDS, NONE_INT, LayoutColumns
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
+from attune.spec.identity import IDENTITY_ITEMS
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec
 
@@ -48,51 +51,106 @@ SHARDS_PER_WORKER = 4
 CACHE_SIZE = 6
 
 _CACHE: dict[tuple, "ScoredSpace"] = {}
+# below this many layouts the table is estimated in this process (a worker pool costs more than it saves)
+PARALLEL_MIN_ROWS = 4000
+
+
+class _Lazy(Sequence):
+    """A read-only sequence whose items are built on demand (and kept: a study reads a few rows many times)."""
+
+    __slots__ = ("_n", "_make", "_memo")
+
+    def __init__(self, n: int, make) -> None:
+        self._n, self._make, self._memo = n, make, {}
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._n))]
+        i = int(i)
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        v = self._memo.get(i)
+        if v is None:
+            v = self._memo[i] = self._make(i)
+        return v
 
 
 @dataclass(kw_only=True)
 class ScoredSpace:
-    """Every distinct valid layout of a space with the model's prediction (arrays indexed like `layouts`)."""
+    """Every distinct valid layout of a space with the model's prediction, as columns (arrays indexed like the
+    rows of `space`; `layouts`, `params` and `stage_gib` build a row's objects on demand)."""
 
-    params: list[dict]
-    """One Optuna parameter set per layout (the first in knob order that maps to it)."""
-    layouts: list[Layout]
-    """The layouts."""
+    space: EnumeratedSpace
+    """The layouts as columns, their parameter sets, keys and knob-distance features."""
     tokens: np.ndarray
     """Predicted tokens/s/GPU with the table's coefficients (NaN: predicted far over memory, not estimated)."""
     step_time_s: np.ndarray
     """Predicted step time, seconds."""
-    stage_gib: list[tuple[float, ...]]
-    """Predicted peak memory per pipeline stage, GiB per GPU, stage 0 first."""
+    stage_peaks_gib: np.ndarray
+    """Predicted peak memory per pipeline stage, GiB per GPU, stage 0 first (rows x largest PP; NaN past a
+    layout's last stage)."""
     peak_gib: np.ndarray
     """Predicted peak memory of the fullest stage, GiB per GPU."""
     host_fits: np.ndarray
     """Whether the host memory (CPU optimizer offload) fits, per layout (bool)."""
-    features: np.ndarray
-    """Knob-distance features (`attune.search.space.FEATURES`), one row per layout."""
     coefficients: Coefficients
     """The coefficients the predictions were made with."""
     context: tuple
     """(model, cluster, workload, engine) the layouts were estimated for."""
-    index: dict = field(default_factory=dict)
-    """layout_key and params_key -> row."""
     _sens: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not (len(self.params) == len(self.layouts) == len(self.tokens) == len(self.peak_gib)):
-            raise ValueError("ScoredSpace: params, layouts, tokens and peak_gib must have one entry per layout")
-        if not self.index:
-            L = self.context[0].num_layers
-            for i, (p, lay) in enumerate(zip(self.params, self.layouts)):
-                self.index.setdefault(layout_key(lay, L), i)
-                self.index.setdefault(params_key(p), i)
+        n = len(self.space)
+        if not (len(self.tokens) == len(self.peak_gib) == len(self.stage_peaks_gib) == n):
+            raise ValueError("ScoredSpace: tokens, peak_gib and stage peaks must have one entry per layout")
+        self.layouts: Sequence[Layout] = _Lazy(n, self.space.cols.layout)
+        """The layouts (each built on first use)."""
+        self.params: Sequence[dict] = _Lazy(n, self.space.params)
+        """One Optuna parameter set per layout (the first in knob order that maps to it)."""
+        pp = self.space.cols["pp"]
+        self.stage_gib: Sequence[tuple[float, ...]] = _Lazy(
+            n, lambda i: tuple(float(x) for x in self.stage_peaks_gib[i, :int(pp[i])]))
+        """Predicted peak memory per pipeline stage of one layout, GiB per GPU, stage 0 first."""
+
+    @property
+    def cols(self) -> LayoutColumns:
+        """The layouts as columns."""
+        return self.space.cols
+
+    @property
+    def features(self) -> np.ndarray:
+        """Knob-distance features (`attune.search.space.FEATURES`), one row per layout."""
+        return self.space.features
 
     def __len__(self) -> int:
-        return len(self.layouts)
+        return len(self.space)
 
     def row(self, key: tuple) -> int | None:
         """Row of a layout_key or params_key (None when the space does not hold it)."""
-        return self.index.get(key)
+        if len(key) == len(IDENTITY_ITEMS) and key and key[0][0] == IDENTITY_ITEMS[0]:
+            return self.space.row_of_key(key)
+        try:
+            return self.space.row_of_params(dict(key))
+        except (TypeError, ValueError):
+            return None
+
+    def position_gib(self) -> np.ndarray:
+        """Predicted stage peaks by position (rows x 3: first, largest middle, last; -inf where a layout has no
+        middle stage)."""
+        st, pp = self.stage_peaks_gib, self.space.cols["pp"]
+        out = np.full((len(self), 3), -np.inf)
+        out[:, 0] = st[:, 0]
+        out[:, 2] = st[np.arange(len(self)), pp - 1]
+        if st.shape[1] > 2:
+            mid = np.where(np.arange(st.shape[1])[None, :] < (pp - 1)[:, None], st, -np.inf)[:, 1:]
+            has = pp > 2
+            out[has, 1] = mid[has].max(axis=1)
+        return out
 
     def exact_tokens(self, rows, coef: Coefficients) -> np.ndarray:
         """Predicted tokens/s/GPU of some rows with other coefficients (exact estimates)."""
@@ -125,22 +183,44 @@ class ScoredSpace:
         return out
 
 
-def _score_shard(args) -> list:
-    """Memory first (placement + memory model, a quarter of an estimate); the full estimate only for layouts
-    within MEMORY_SCORING_MARGIN of capacity."""
-    space, model, cluster, workload, engine, coef, shard = args
-    rows = []
+def _estimate_columns(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: Workload, engine: Engine,
+                      coef: Coefficients) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The table's predictions for a batch of layouts: (tokens/s/GPU, step time s, stage peaks GiB (rows x largest
+    PP, NaN past the last stage), peak GiB, host fits). Memory first (placement + memory model, a quarter of an
+    estimate); throughput only for layouts within MEMORY_SCORING_MARGIN of capacity (NaN otherwise)."""
+    n = len(cols)
     limit = cluster.gpu.capacity_gib * (1.0 + MEMORY_SCORING_MARGIN)
-    for order, params, lay, key in space.enumerate(model, cluster.world_size, workload, engine, shard=shard):
-        kf = (key, layout_features(lay, model.num_layers))  # layout_key and features, computed in the workers
+    width = int(cols["pp"].max()) if n else 1
+    tokens, step = np.full(n, np.nan), np.full(n, np.nan)
+    stages, peak, host = np.full((n, width), np.nan), np.zeros(n), np.zeros(n, dtype=bool)
+    for i, lay in enumerate(_layouts(cols)):
         mem, perf = estimate_parts(model, cluster, lay, workload, engine, coef, perf_below_gib=limit)
-        stages = tuple(s.total_gib for s in mem.stages)
-        if perf is None:
-            rows.append((order, params, lay, math.nan, math.nan, stages, mem.peak_gib, mem.host_fits, kf))
-            continue
-        rows.append((order, params, lay, perf.tokens_per_s_per_gpu, perf.step_time_s, stages,
-                     mem.peak_gib, mem.host_fits, kf))
-    return rows
+        st = [s.total_gib for s in mem.stages]
+        stages[i, :len(st)] = st
+        peak[i], host[i] = mem.peak_gib, mem.host_fits
+        if perf is not None:
+            tokens[i], step[i] = perf.tokens_per_s_per_gpu, perf.step_time_s
+    return tokens, step, stages, peak, host
+
+
+def _layouts(cols: LayoutColumns):
+    """Every row as a `Layout`, in order (`LayoutColumns.layout` per row, with the columns turned into Python
+    values once instead of one numpy scalar at a time)."""
+    names = list(cols.columns())
+    values = []
+    for name in names:
+        col = cols[name].tolist()
+        if KINDS[name] == "opt_int":
+            col = [None if v == NONE_INT else v for v in col]
+        elif KINDS[name] == "opt_float":
+            col = [None if v != v else v for v in col]  # NaN
+        values.append(col)
+    for row in zip(*values):
+        yield Layout(**dict(zip(names, row)))
+
+
+def _estimate_job(args) -> tuple:
+    return _estimate_columns(*args)
 
 
 def default_workers() -> int:
@@ -157,31 +237,22 @@ def score_space(space: SearchSpace, model: ModelSpec, cluster: Cluster, workload
            repr(sorted(space.knobs.items())), repr(sorted(space.fixed.items())), repr(coef))
     if key in _CACHE:
         return _CACHE[key]
+    es = enumerate_columns(space, model, cluster.world_size, workload, engine)
+    cols = es.cols
     workers = default_workers() if workers is None else max(1, workers)
-    if workers == 1:
-        shards = [_score_shard((space, model, cluster, workload, engine, coef, (0, 1)))]
-    else:
-        n = workers * SHARDS_PER_WORKER
-        jobs = [(space, model, cluster, workload, engine, coef, (k, n)) for k in range(n)]
+    if workers == 1 or len(cols) < PARALLEL_MIN_ROWS:
+        parts = [_estimate_columns(model, cluster, cols, workload, engine, coef)]
+    else:  # contiguous slices: a layout's optimizer variants are adjacent and share per-stage terms in one worker
+        edges = np.linspace(0, len(cols), workers * SHARDS_PER_WORKER + 1).astype(int)
+        jobs = [(model, cluster, cols.take(slice(a, b)), workload, engine, coef) for a, b in zip(edges, edges[1:])]
         with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
-            shards = list(pool.map(_score_shard, jobs))
-    merged, index = [], {}
-    for r in sorted((r for s in shards for r in s), key=lambda r: r[0]):
-        if r[8][0] not in index:  # the layout_key the enumeration computed
-            index[r[8][0]] = len(merged)
-            merged.append(r)
-    for i, r in enumerate(merged):
-        index.setdefault(params_key(r[1]), i)
-    if not merged:
-        raise SearchSpaceError(f"search space {space.name}: no layout of it passes the rules for {model.name} on "
-                               f"{cluster.spec} (check the parallel sizes against the model's layers and GPUs)")
-    table = ScoredSpace(
-        params=[r[1] for r in merged], layouts=[r[2] for r in merged],
-        tokens=np.array([r[3] for r in merged], dtype=float), step_time_s=np.array([r[4] for r in merged]),
-        stage_gib=[r[5] for r in merged], peak_gib=np.array([r[6] for r in merged], dtype=float),
-        host_fits=np.array([r[7] for r in merged], dtype=bool),
-        features=np.array([r[8][1] for r in merged]).reshape(len(merged), -1),
-        coefficients=coef, context=(model, cluster, workload, engine), index=index)
+            parts = list(pool.map(_estimate_job, jobs))
+    width = max(p[2].shape[1] for p in parts)
+    parts = [(*p[:2], np.pad(p[2], ((0, 0), (0, width - p[2].shape[1])), constant_values=np.nan), *p[3:])
+             for p in parts]
+    tokens, step, stages, peak, host = (np.concatenate([p[j] for p in parts]) for j in range(5))
+    table = ScoredSpace(space=es, tokens=tokens, step_time_s=step, stage_peaks_gib=stages, peak_gib=peak,
+                        host_fits=host, coefficients=coef, context=(model, cluster, workload, engine))
     while len(_CACHE) >= CACHE_SIZE:
         _CACHE.pop(next(iter(_CACHE)))
     _CACHE[key] = table

@@ -30,6 +30,7 @@ import importlib.util
 import logging
 import math
 import re
+import sqlite3
 import time
 import warnings
 from collections.abc import Callable
@@ -134,6 +135,30 @@ def storage_kind(url: str) -> str:
         raise BadStorageURL(f"storage {url!r}: allowed sqlite:///PATH, postgresql://..., mysql+pymysql://... or a "
                             f"PATH ending in .journal")
     return url.split("://", 1)[0].split("+", 1)[0]
+
+
+# SQLite: write-ahead log with synchronous=NORMAL (https://www.sqlite.org/pragma.html#pragma_synchronous: "WAL mode
+# is always consistent with synchronous=NORMAL"; a commit survives the process being killed, and only a power loss
+# or OS crash can roll back the last commits). The default rollback journal with synchronous=FULL syncs the disk
+# two or three times per commit, and a study commits over a hundred times (each trial's attributes): 1.2 s of the
+# main command's 13 s on this machine. Readers do not block the writer, so tuners sharing one file wait less.
+SQLITE_PRAGMAS = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL")
+# seconds a connection waits for another writer's lock before SQLite says "database is locked" (Python's default)
+SQLITE_BUSY_TIMEOUT_S = 5.0
+
+
+def _sqlite_creator(url: str) -> Callable[[], Any]:
+    """A DB-API connection factory for a SQLite study file with SQLITE_PRAGMAS (SQLAlchemy's own pysqlite
+    arguments for a file database: ``check_same_thread=False``, the heartbeat thread shares the pool)."""
+    path = sqlalchemy.engine.make_url(url).database
+
+    def connect():
+        conn = sqlite3.connect(path, timeout=SQLITE_BUSY_TIMEOUT_S, check_same_thread=False)
+        for pragma in SQLITE_PRAGMAS:
+            conn.execute(pragma)
+        return conn
+
+    return connect
 
 
 def _rdb_url(url: str) -> str:
@@ -374,6 +399,8 @@ def open_storage(url: str, *, heartbeat_interval_s: int | None = None, grace_per
         return StorageHandle(storage=RetryingStorage(JournalStorage(JournalFileBackend(url)), url, retry_s),
                              rdb=None, url=url, kind=kind)
     engine_kwargs: dict = {"pool_pre_ping": True}
+    if kind == "sqlite" and sqlalchemy.engine.make_url(url).database not in (None, "", ":memory:"):
+        engine_kwargs["creator"] = _sqlite_creator(url)
     if kind in ("postgresql", "postgres", "mysql") and "connect_timeout" not in url:
         # libpq and pymysql take whole seconds
         engine_kwargs["connect_args"] = {"connect_timeout": max(1, math.ceil(connect_timeout_s))}

@@ -6,8 +6,6 @@ import shlex
 from dataclasses import replace
 from importlib import resources
 
-import yaml
-
 from attune.errors import LayoutError
 from attune.spec.engine import Engine
 from attune.spec.flags import flag_parser, from_flags
@@ -16,10 +14,11 @@ from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec
 from attune.spec.placement import stage_layer_counts
 from attune.spec.rules import check
+from attune.spec.textio import load_package_yaml
 
 
 def load_baselines() -> dict:
-    return yaml.safe_load(resources.files("attune.spec").joinpath("baselines.yaml").read_text())
+    return load_package_yaml(resources.files("attune.spec").joinpath("baselines.yaml").read_text())
 
 
 def baseline_entry(model_name: str, moe: bool = False) -> dict:

@@ -12,7 +12,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Mapping
 
-import yaml
+from .textio import load_package_yaml
 
 __all__ = ["TABLE_FILE", "raw_table", "engine_choices"]
 
@@ -23,7 +23,7 @@ TABLE_FILE = "megatron_flags.yaml"
 def raw_table() -> Mapping[str, Any]:
     """The table file as YAML data (cached; callers must not mutate it)."""
     text = resources.files("attune.spec").joinpath(TABLE_FILE).read_text(encoding="utf-8")
-    return yaml.safe_load(text) or {}
+    return load_package_yaml(text) or {}
 
 
 def engine_choices(flag: str, engine: str) -> tuple | None:

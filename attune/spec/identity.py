@@ -25,6 +25,15 @@ _KEY = eval(compile("lambda lay, " + ", ".join(KEY_CONTEXT) + ": ("
                     + "".join(f"({f.name!r}, {f.value}), " for f in IDENTITY) + ")",
                     "<attune.spec.knob_registry.IDENTITY>", "eval"), {})
 
+IDENTITY_ITEMS = tuple(f.name for f in IDENTITY)
+"""The key's item names, in its order (``layout_key(...)[i]`` is ``(IDENTITY_ITEMS[i], value)``)."""
+
+
+def key_function():
+    """The key's compiled function ``(lay, counts, virt, full, offload, sp, n) -> key`` (`layout_key` derives the
+    context; the search's column enumeration (attune.search.enumeration) passes its own)."""
+    return _KEY
+
 
 def layout_from_dict(d: dict) -> Layout:
     """A Layout from its `to_dict()` as stored on a trial (JSON turns tuples into lists; fields an older attune

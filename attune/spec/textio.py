@@ -21,7 +21,7 @@ import yaml
 
 from attune.errors import UserInputError
 
-__all__ = ["read_text", "load_yaml", "finite", "MAX_TEXT_BYTES", "NoAliasLoader"]
+__all__ = ["read_text", "load_yaml", "finite", "MAX_TEXT_BYTES", "NoAliasLoader", "load_package_yaml"]
 
 # The largest user file attune reads whole (recipes, cluster files, search spaces, replay tables are KiB; a
 # config.json of a large model ~10 KiB): anything larger is refused rather than read into memory.
@@ -59,6 +59,13 @@ class NoAliasLoader(yaml.SafeLoader):
             raise yaml.composer.ComposerError(None, None, "YAML aliases (*name) are not allowed in attune's files",
                                               event.start_mark)
         return super().compose_node(parent, index)
+
+
+def load_package_yaml(text: str) -> Any:
+    """A YAML file attune ships (package data: trusted, alias-free by review) with libyaml's safe loader where
+    PyYAML was built with it: the same data as ``yaml.safe_load``, several times faster (the flag table: 0.2 s
+    against 0.02 s, on every command's start)."""
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a safe loader
 
 
 def load_yaml(text: str, source: str = "<yaml>", error: type[UserInputError] = UserInputError) -> Any:

@@ -1,0 +1,109 @@
+"""The space as columns (issue 18): `enumerate_columns` gives the same layouts, in the same order, with the same
+parameter sets, layout keys and knob-distance features as the reference `SearchSpace.enumerate`."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import numpy as np
+import pytest
+import yaml
+
+from attune.api.target import batch_for_cluster
+from attune.errors import SearchSpaceError
+from attune.estimator import estimate_parts
+from attune.estimator.coefficients import coefficients_for
+from attune.search.enumeration import enumerate_columns
+from attune.search.scoring import score_space
+from attune.search.space import layout_features, layout_key, load_space, params_key
+from attune.spec.columns import FIELDS, LayoutColumns
+from attune.spec.engine import get_engine
+from attune.spec.hardware import parse_cluster
+from attune.spec.layout import Workload
+from attune.spec.model import load_model
+
+
+def _same(model_name: str, gpus: str, space, engine: str = "slime") -> int:
+    model, cluster, eng = load_model(model_name), parse_cluster(gpus), get_engine(engine)
+    wl, _ = batch_for_cluster(Workload(), cluster.world_size)
+    ref = space.enumerate(model, cluster.world_size, wl, eng)
+    es = enumerate_columns(space, model, cluster.world_size, wl, eng)
+    L = model.num_layers
+    assert len(es) == len(ref)
+    want = LayoutColumns.from_layouts(lay for _, lay in ref)
+    for name in FIELDS:  # every layout, field by field
+        assert np.array_equal(es.cols[name], want[name], equal_nan=want[name].dtype.kind == "f"), name
+    assert [es.params(i) for i in range(len(es))] == [p for p, _ in ref]
+    # keys, the key index and the features on a sample (each costs a scalar derivation per layout)
+    for i in np.random.default_rng(0).choice(len(ref), size=min(len(ref), 1500), replace=False):
+        lay = ref[i][1]
+        key = layout_key(lay, L)
+        assert es.cols.layout(i) == lay, i
+        assert es.key(i) == key, i
+        assert es.row_of_key(key) == i, i
+        np.testing.assert_allclose(es.features[i], layout_features(lay, L), rtol=0, atol=1e-12)
+    return len(ref)
+
+
+def test_main_command_space_equal():
+    """Qwen3.6-27B on 8 x H200, the dense space (66,404 layouts; Qwen3.5 refuses layout strings on slime)."""
+    assert _same("Qwen3.6-27B", "8xH200", load_space(None)) > 60_000
+
+
+def test_moe_space_equal():
+    """A MoE model with its default space (EP, ETP, the dispatcher, the EP overlap)."""
+    assert _same("Qwen3-30B-A3B", "8xH200", load_space("moe")) > 10_000
+
+
+def test_llama_64_gpus_equal(tmp_path):
+    """Llama-3.1-70B on 64 x H100 (layout strings, DP up to 64, the grown global batch), the dense space with
+    narrower offsets and recompute counts so the reference finishes in seconds; the whole space is in the slow
+    lane."""
+    data = yaml.safe_load((resources.files("attune.search.spaces") / "dense.yaml").read_text())
+    data["knobs"]["first_offset"] = {"low": -3, "high": 3}
+    data["knobs"]["last_offset"] = {"low": -3, "high": 3}
+    data["knobs"]["recompute_layers"] = {"low": 1, "high": 6}
+    p = tmp_path / "narrow.yaml"
+    p.write_text(yaml.safe_dump(data))
+    assert _same("Llama-3.1-70B", "64xH100", load_space(p)) > 10_000
+
+
+@pytest.mark.slow
+def test_megatron_engine_equal():
+    """Llama-3.1-8B on Megatron-LM (no dynamic batching: rows are the microbatch size)."""
+    assert _same("Llama-3.1-8B", "8xH100", load_space(None), engine="megatron") > 10_000
+
+
+def test_small_space_and_no_layout():
+    assert _same("tiny-qwen3.5", "2xcpu", load_space("small"), engine="torch") > 0
+    model, eng = load_model("Qwen3.6-27B"), get_engine("slime")
+    with pytest.raises(SearchSpaceError):
+        enumerate_columns(load_space("small"), model, 3, Workload(), eng)
+
+
+@pytest.mark.slow
+def test_llama_64_gpus_whole_space_equal():
+    assert _same("Llama-3.1-70B", "64xH100", load_space(None)) > 300_000
+
+
+def test_scored_space_reads_like_lists():
+    """The scored table keeps columns; its layouts, parameter sets and stage peaks read like the lists they were,
+    and a row is found by its layout key or its parameter set."""
+    model, cluster, eng = load_model("Llama-3.1-8B"), parse_cluster("8xH100"), get_engine("slime")
+    space, wl = load_space("small"), Workload()
+    coef = coefficients_for(cluster.gpu)
+    table = score_space(space, model, cluster, wl, eng, coef, workers=1)
+    ref = space.enumerate(model, cluster.world_size, wl, eng)
+    assert len(table) == len(table.layouts) == len(table.params) == len(ref) > 10
+    L = model.num_layers
+    pos = table.position_gib()
+    for i, (params, lay) in enumerate(ref):
+        assert table.layouts[i] == lay and table.params[i] == params
+        assert table.row(layout_key(lay, L)) == i and table.row(params_key(params)) == i
+        mem, _ = estimate_parts(model, cluster, lay, wl, eng, coef)
+        st = table.stage_gib[i]
+        assert st == tuple(s.total_gib for s in mem.stages) and len(st) == lay.pp
+        assert pos[i, 0] == st[0] and pos[i, 2] == st[-1]
+        assert pos[i, 1] == (max(st[1:-1]) if len(st) > 2 else -np.inf)
+    assert table.layouts[-1] == ref[-1][1] and table.layouts[:2] == [lay for _, lay in ref[:2]]
+    assert table.row(params_key({"tp": 99})) is None

@@ -6,6 +6,7 @@ import re
 from dataclasses import asdict
 
 import numpy as np
+import pytest
 
 from attune.api.target import batch_for_cluster
 from attune.api.tune import tune_config
@@ -87,8 +88,11 @@ def test_shared_terms_equal_fresh_estimates(h200x8, slime):
         assert asdict(fresh.perf) == asdict(warm[i].perf), pairs[i][1].label()
 
 
-def test_scored_table_is_estimate(h200x8, slime):
-    m, wl = load_model("tiny-qwen3.5-moe"), Workload(seq_length=1024, global_batch=16)
+@pytest.mark.parametrize("name", ["tiny-qwen3.5-moe", "tiny-qwen3.5"])
+def test_scored_table_is_estimate(h200x8, slime, name):
+    """The scored table equals `estimate` row by row: the MoE model through the scalar rows, the dense hybrid
+    through the array engine (`estimate_batch`)."""
+    m, wl = load_model(name), Workload(seq_length=1024, global_batch=16)
     space = _tiny_moe_space()
     table = score_space(space, m, h200x8, wl, slime, coefficients_for(h200x8.gpu), workers=1)
     assert len(table) == len(space.enumerate(m, 8, wl, slime))

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from attune.estimator import estimate, estimate_parts
+from attune.estimator import estimate_batch, estimate_parts
+from attune.estimator.batch import scalar_rows
 from attune.estimator.coefficients import Coefficients
 from attune.search.enumeration import EnumeratedSpace, enumerate_columns
 from attune.search.space import SearchSpace
@@ -155,8 +156,10 @@ class ScoredSpace:
     def exact_tokens(self, rows, coef: Coefficients) -> np.ndarray:
         """Predicted tokens/s/GPU of some rows with other coefficients (exact estimates)."""
         model, cluster, workload, engine = self.context
-        return np.array([estimate(model, cluster, self.layouts[i], workload, engine, coef,
-                                  check_layout=False).perf.tokens_per_s_per_gpu for i in rows], dtype=float)
+        rows = np.asarray(rows, dtype=int)
+        if not rows.size:
+            return np.zeros(0)
+        return estimate_batch(model, cluster, self.cols.take(rows), workload, engine, coef).tokens_per_s_per_gpu
 
     def sensitive_rows(self, usable_gib: float) -> np.ndarray:
         """Rows that fit `usable_gib` and are predicted within SENSITIVE_FRACTION of the best of them."""
@@ -186,14 +189,27 @@ class ScoredSpace:
 def _estimate_columns(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: Workload, engine: Engine,
                       coef: Coefficients) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The table's predictions for a batch of layouts: (tokens/s/GPU, step time s, stage peaks GiB (rows x largest
-    PP, NaN past the last stage), peak GiB, host fits). Memory first (placement + memory model, a quarter of an
-    estimate); throughput only for layouts within MEMORY_SCORING_MARGIN of capacity (NaN otherwise)."""
+    PP, NaN past the last stage), peak GiB, host fits). Tokens and step time are NaN for a layout more than
+    MEMORY_SCORING_MARGIN over capacity or whose host memory does not fit. The rows the array engine covers are
+    estimated at once (`estimate_batch`); the others (`scalar_rows`: MoE, low precision, MTP) row by row with the
+    same composition, memory first (no throughput for a layout far over memory)."""
     n = len(cols)
     limit = cluster.gpu.capacity_gib * (1.0 + MEMORY_SCORING_MARGIN)
     width = int(cols["pp"].max()) if n else 1
     tokens, step = np.full(n, np.nan), np.full(n, np.nan)
     stages, peak, host = np.full((n, width), np.nan), np.zeros(n), np.zeros(n, dtype=bool)
-    for i, lay in enumerate(_layouts(cols)):
+    scalar = scalar_rows(model, cluster, cols, engine)
+    rows = np.flatnonzero(~scalar)
+    if rows.size:
+        b = estimate_batch(model, cluster, cols if rows.size == n else cols.take(rows), workload, engine, coef)
+        ok = (b.peak_gib <= limit) & b.host_fits
+        tokens[rows] = np.where(ok, b.tokens_per_s_per_gpu, np.nan)
+        step[rows] = np.where(ok, b.step.step_time_s, np.nan)
+        st = np.where(b.stage, b.stage_values("total_gib"), np.nan)
+        stages[rows, :st.shape[1]] = st
+        peak[rows], host[rows] = b.peak_gib, b.host_fits
+    rows = np.flatnonzero(scalar)
+    for i, lay in zip(rows, _layouts(cols.take(rows)) if rows.size else ()):
         mem, perf = estimate_parts(model, cluster, lay, workload, engine, coef, perf_below_gib=limit)
         st = [s.total_gib for s in mem.stages]
         stages[i, :len(st)] = st
@@ -240,7 +256,8 @@ def score_space(space: SearchSpace, model: ModelSpec, cluster: Cluster, workload
     es = enumerate_columns(space, model, cluster.world_size, workload, engine)
     cols = es.cols
     workers = default_workers() if workers is None else max(1, workers)
-    if workers == 1 or len(cols) < PARALLEL_MIN_ROWS:
+    # worker processes pay only for the rows estimated one by one (the array engine takes the rest in one call)
+    if workers == 1 or int(scalar_rows(model, cluster, cols, engine).sum()) < PARALLEL_MIN_ROWS:
         parts = [_estimate_columns(model, cluster, cols, workload, engine, coef)]
     else:  # contiguous slices: a layout's optimizer variants are adjacent and share per-stage terms in one worker
         edges = np.linspace(0, len(cols), workers * SHARDS_PER_WORKER + 1).astype(int)

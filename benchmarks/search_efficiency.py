@@ -451,8 +451,10 @@ def main(argv=None) -> int:
     targets = STRUCTURAL_TARGETS if structural else TARGETS
     strategies = STRUCTURAL_STRATEGIES if structural else STRATEGIES
     only = None if a.targets is None else {int(x) for x in a.targets.split(",")}
-    if a.merge:
-        return report(merged(a.merge), targets, strategies, structural, a, t0)
+    if a.merge:  # --targets and --world-list select among the saved worlds
+        sel = [x for x in merged(a.merge) if (only is None or x[0] in only)
+               and (a.world_list is None or x[1] in {int(v) for v in a.world_list.split(",")})]
+        return report(sel, targets, strategies, structural, a, t0)
     if structural and a.strategies:
         _SELECTED.update(SHORT[x] for x in a.strategies.split(","))
         strategies = tuple(x for x in strategies if x in _SELECTED)

@@ -83,6 +83,7 @@ from attune.estimator import estimate
 from attune.estimator.coefficients import coefficients_for
 from attune.runners.base import TrialSpec
 from attune.runners.replay import ReplayRow, ReplayRunner
+from attune.search import sampler as sampler_module
 from attune.search import scoring
 from attune.search.recalibrate import fitted_bounds
 from attune.search.records import records
@@ -438,6 +439,9 @@ def main(argv=None) -> int:
     ap.add_argument("--strategies", default=None,
                     help="structural: comma-separated strategies to run (default, tpe, random, grid); all by default. "
                          "Runs of different strategies over the same worlds combine with --save and --merge")
+    ap.add_argument("--honest-spread", action="store_true",
+                    help="the default sampler with its empirical-Bayes GP scales and out-of-sample spread check on "
+                         "(attune.search.sampler EMPIRICAL_SCALES, SPREAD_CHECK; off by default)")
     ap.add_argument("--save", default=None, help="write every world's metrics to this JSON file")
     ap.add_argument("--merge", nargs="+", default=None,
                     help="report the worlds of saved runs (--save files, later files adding strategies to the same "
@@ -458,6 +462,8 @@ def main(argv=None) -> int:
     if structural and a.strategies:
         _SELECTED.update(SHORT[x] for x in a.strategies.split(","))
         strategies = tuple(x for x in strategies if x in _SELECTED)
+    if a.honest_spread:  # before the workers fork: they inherit the module state
+        sampler_module.EMPIRICAL_SCALES = sampler_module.SPREAD_CHECK = True
     load_targets(targets, only, a.cache)
     per_world = []  # (target number, world number, {strategy: metrics}, claim tuple or None)
     wl = (range(a.first_world, a.first_world + a.worlds) if a.world_list is None

@@ -69,14 +69,17 @@ LEVEL_SD = 0.05
 # the posterior (not a distance cut) decides whether it is worth a trial
 NEAR_DUPLICATE = 1.0
 _STRUCTURE_BATCH = np.array(edge_module.STRUCTURE + (FEATURES.index("log2_tokens"),))
-# whether the posterior spread is scaled by the study's own out-of-sample check (attune.search.spread_check)
-SPREAD_CHECK = True
+# whether the posterior spread is scaled by the study's own out-of-sample check (attune.search.spread_check).
+# Off by default, as EMPIRICAL_SCALES: on the 60 structural worlds of benchmarks/search_efficiency.py the two together
+# reached 2% in 52 worlds against 54 without them (Llama-3.1-70B worlds 1 and 13 lost) for a stop rule firing in 22
+# studies instead of 14 (benchmarks/RESULTS.md, issue 20 third follow-up)
+SPREAD_CHECK = False
 # empirical Bayes for the residual GP's two scales (`ModelGuidedSampler._scales`): multipliers tried on the
 # local standard deviation and on the linear (per-knob-step) one, and the log-normal hyperprior's sd on each (ln 2:
 # a factor of two either way is one standard deviation). The linear scale only grows: a study's layouts cluster
 # around its incumbent, so its residuals can show that a knob direction is mis-priced, never that the structure
 # far away (another PP or TP, where the best layout of a table not in the repository may sit) is priced well
-EMPIRICAL_SCALES = True
+EMPIRICAL_SCALES = False
 SCALE_GRID = (0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8)
 LINEAR_GRID = (1.0, 1.4, 2.0, 2.8)
 SCALE_PRIOR_SD = math.log(2.0)

@@ -63,8 +63,12 @@ from __future__ import annotations  # entry point
 
 import argparse
 import dataclasses
+import hashlib
+import json
 import math
 import multiprocessing
+import os
+import pickle
 import statistics
 import sys
 import tempfile
@@ -79,6 +83,8 @@ from attune.estimator import estimate
 from attune.estimator.coefficients import coefficients_for
 from attune.runners.base import TrialSpec
 from attune.runners.replay import ReplayRow, ReplayRunner
+from attune.search import sampler as sampler_module
+from attune.search import scoring
 from attune.search.recalibrate import fitted_bounds
 from attune.search.records import records
 from attune.search.sampler import layout_of
@@ -285,6 +291,9 @@ def pct(xs, q, cap):
 
 
 _TARGETS: dict = {}  # target number -> (target, baseline, note, order, fits, shipped); inherited by forked workers
+_SELECTED: set = set()  # structural strategies to run (empty: all); set before the workers fork
+# short names of the structural strategies (--strategies)
+SHORT = dict(zip(("default", "tpe", "random", "grid"), STRUCTURAL_STRATEGIES))
 
 
 def grid_and_random(runner, target, baseline, order, fits, trials: int, rng):
@@ -323,49 +332,84 @@ def run_structural_world(job):
     rows, truth, margin = make_structural_world(target, rng, baseline)
     runner = ReplayRunner(f"structural world {ti}/{w}", model=model, world_size=cluster.world_size, rows=rows)
     grid, rand = grid_and_random(runner, target, baseline, order, fits, trials, rng)
-    info: dict = {}
+    info: dict = {"claimed": None, "stop_kind": "", "edge_steps": 0}
     t0 = time.time()
-    traces = {
-        STRUCTURAL_STRATEGIES[0]: run_tuner(target, runner, baseline, note, trials, "model", True, w, True, info),
-        STRUCTURAL_STRATEGIES[1]: run_tuner(target, runner, baseline, note, trials, "tpe", False, w),
-        STRUCTURAL_STRATEGIES[2]: rand, STRUCTURAL_STRATEGIES[3]: grid,
-    }
+    run = _SELECTED or set(STRUCTURAL_STRATEGIES)
+    traces = {}
+    if STRUCTURAL_STRATEGIES[0] in run:
+        traces[STRUCTURAL_STRATEGIES[0]] = run_tuner(target, runner, baseline, note, trials, "model", True, w, True,
+                                                     info)
+    if STRUCTURAL_STRATEGIES[1] in run:
+        traces[STRUCTURAL_STRATEGIES[1]] = run_tuner(target, runner, baseline, note, trials, "tpe", False, w)
+    traces.update({k: v for k, v in ((STRUCTURAL_STRATEGIES[2], rand), (STRUCTURAL_STRATEGIES[3], grid)) if k in run})
     info["wall_s"] = time.time() - t0
     m = {s: metrics(tr, truth, model.num_layers) for s, tr in traces.items()}
     info["margin"] = margin
     return ti, w, max(truth.values()), m, info
 
 
-def load_targets(targets):
-    """Score every target's space once (inherited by forked workers through _TARGETS)."""
+def load_targets(targets, only=None, cache=None):
+    """Score every target's space once (inherited by forked workers through _TARGETS); `only`: the target
+    numbers to load (all when None); `cache`: a folder keeping each scored table (pickled, keyed by the tree's
+    estimator inputs) between runs, so iterating on a few worlds does not rescore the spaces."""
     t0 = time.time()
     for ti, (mname, gpus, space_name) in enumerate(targets):
+        if only is not None and ti not in only:
+            continue
         model, cluster, engine, workload = load_model(mname), parse_cluster(gpus), get_engine("slime"), Workload()
         space = load_space(space_name)
         shipped = coefficients_for(cluster.gpu)
-        table = score_space(space, model, cluster, workload, engine, shipped)
+        table = cached_table(cache, space, model, cluster, workload, engine, shipped)
         target = (model, cluster, workload, engine, space, table)
         baseline, note = baseline_layout(model, cluster, workload, engine)
         fits = np.flatnonzero(table.host_fits & (table.peak_gib <= cluster.gpu.capacity_gib * 0.98)
                               & np.isfinite(table.tokens))
         order = fits[np.argsort(-table.tokens[fits])]
         # the sampler's coefficient sensitivities, once per target before the workers fork (they inherit them)
+        had = len(getattr(table, "_sens", {}))
         table.sensitivities(tuple(n for n, _, _ in fitted_bounds(shipped)), table.sensitive_rows(cluster.gpu.capacity_gib))
+        if cache is not None and len(getattr(table, "_sens", {})) != had:  # keep the sensitivities with the cached table
+            cached_table(cache, space, model, cluster, workload, engine, shipped, rewrite=table)
         _TARGETS[ti] = (target, baseline, note, order, fits, shipped)
         print(f"{mname} on {gpus} ({space.name} space): {len(table):,} layouts, {len(fits):,} predicted to fit "
               f"({time.time() - t0:.0f} s)", flush=True)
 
 
+def cached_table(cache, space, model, cluster, workload, engine, shipped, rewrite=None):
+    """score_space, through a pickle in `cache` (None: no cache) named by a hash of what the table depends on
+    (the target, the space file's knobs and the coefficients); the table enters score_space's own in-process
+    cache, where the tuner finds it."""
+    if cache is None:
+        return score_space(space, model, cluster, workload, engine, shipped)
+    key = repr((model.name, model.num_layers, cluster.spec, repr(workload), engine.name, space.path,
+                sorted(space.knobs.items()), sorted(space.fixed.items()), repr(shipped)))
+    path = Path(cache) / f"table-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pkl"
+    if rewrite is not None:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(pickle.dumps(rewrite))
+        tmp.replace(path)
+        return rewrite
+    if path.exists():
+        table = pickle.loads(path.read_bytes())
+        scoring._CACHE[(model.name, model.num_layers, cluster.spec, repr(workload), engine.name, space.path,
+                        repr(sorted(space.knobs.items())), repr(sorted(space.fixed.items())), repr(shipped))] = table
+        assert score_space(space, model, cluster, workload, engine, shipped) is table
+        return table
+    table = score_space(space, model, cluster, workload, engine, shipped)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return cached_table(cache, space, model, cluster, workload, engine, shipped, rewrite=table)
+
+
 def summary(results, strategies, trials) -> str:
     cap = trials + 1
-    lines = ["| strategy | median trials to 2% | p90 trials | median GPU-h to 2% | p90 GPU-h | "
-             "mean regret @5 | mean regret @10 | OOM trials (mean) |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| strategy | median trials to 2% | p90 trials | reached | median GPU-h to 2% | p90 GPU-h | "
+             "mean regret @5 | mean regret @10 | OOM trials (mean) |", "|---|---|---|---|---|---|---|---|---|"]
     for s in strategies:
         m = results[s]
         tr = [x["trials"] for x in m]
         hs = [x["hours"] for x in m]
         hcap = max((h for h in hs if h is not None), default=1.0) * 10
-        lines.append(f"| {s} | {pct(tr, 0.5, cap)} | {pct(tr, 0.9, cap)} | "
+        lines.append(f"| {s} | {pct(tr, 0.5, cap)} | {pct(tr, 0.9, cap)} | {sum(t is not None for t in tr)} of {len(tr)} | "
                      f"{pct([h for h in hs], 0.5, hcap) if any(h is not None for h in hs) else '-'} | "
                      f"{pct([h for h in hs], 0.9, hcap) if any(h is not None for h in hs) else '-'} | "
                      f"{100 * statistics.mean(x['r5'] for x in m):.2f}% | {100 * statistics.mean(x['r10'] for x in m):.2f}% | "
@@ -385,6 +429,23 @@ def main(argv=None) -> int:
                     help="also report the worlds numbered below this and from this on apart (tuned and held-out "
                          "worlds of one run: the targets' spaces are scored once)")
     ap.add_argument("--trials", type=int, default=10, help="measured trials per strategy and world")
+    ap.add_argument("--targets", default=None,
+                    help="comma-separated target numbers to run (structural: 0 Qwen3.6-27B, 1 Llama-3.1-70B, "
+                         "2 Qwen3-30B-A3B); all by default")
+    ap.add_argument("--world-list", default=None,
+                    help="comma-separated world numbers to run instead of --first-world/--worlds (iterate on a few)")
+    ap.add_argument("--cache", default=None,
+                    help="folder keeping the scored tables between runs (pickles; e.g. /tmp/attune-tables)")
+    ap.add_argument("--strategies", default=None,
+                    help="structural: comma-separated strategies to run (default, tpe, random, grid); all by default. "
+                         "Runs of different strategies over the same worlds combine with --save and --merge")
+    ap.add_argument("--honest-spread", action="store_true",
+                    help="the default sampler with its empirical-Bayes GP scales and out-of-sample spread check on "
+                         "(attune.search.sampler EMPIRICAL_SCALES, SPREAD_CHECK; off by default)")
+    ap.add_argument("--save", default=None, help="write every world's metrics to this JSON file")
+    ap.add_argument("--merge", nargs="+", default=None,
+                    help="report the worlds of saved runs (--save files, later files adding strategies to the same "
+                         "worlds) instead of running anything")
     ap.add_argument("--jobs", type=int, default=default_workers(), help="worker processes (one world each)")
     ap.add_argument("--out", default=str(Path(__file__).parent))
     a = ap.parse_args(argv)
@@ -393,17 +454,29 @@ def main(argv=None) -> int:
     structural = a.kind == "structural"
     targets = STRUCTURAL_TARGETS if structural else TARGETS
     strategies = STRUCTURAL_STRATEGIES if structural else STRATEGIES
-    load_targets(targets)
+    only = None if a.targets is None else {int(x) for x in a.targets.split(",")}
+    if a.merge:  # --targets and --world-list select among the saved worlds
+        sel = [x for x in merged(a.merge) if (only is None or x[0] in only)
+               and (a.world_list is None or x[1] in {int(v) for v in a.world_list.split(",")})]
+        return report(sel, targets, strategies, structural, a, t0)
+    if structural and a.strategies:
+        _SELECTED.update(SHORT[x] for x in a.strategies.split(","))
+        strategies = tuple(x for x in strategies if x in _SELECTED)
+    if a.honest_spread:  # before the workers fork: they inherit the module state
+        sampler_module.EMPIRICAL_SCALES = sampler_module.SPREAD_CHECK = True
+    load_targets(targets, only, a.cache)
     per_world = []  # (target number, world number, {strategy: metrics}, claim tuple or None)
-    jobs = [(ti, w, a.trials) for ti in range(len(targets)) for w in range(a.first_world, a.first_world + a.worlds)]
+    wl = (range(a.first_world, a.first_world + a.worlds) if a.world_list is None
+          else [int(x) for x in a.world_list.split(",")])
+    jobs = [(ti, w, a.trials) for ti in range(len(targets)) if only is None or ti in only for w in wl]
     fn = run_structural_world if structural else run_world
     with ProcessPoolExecutor(max_workers=max(1, a.jobs), mp_context=multiprocessing.get_context("fork")) as pool:
         for out in pool.map(fn, jobs):
             ti, w, best, m = out[:4]
             extra, claim = "", None
-            if structural:
+            if structural and STRUCTURAL_STRATEGIES[0] in m:
                 info = out[4]
-                d = m[strategies[0]]
+                d = m[STRUCTURAL_STRATEGIES[0]]
                 claim = (info["claimed"], d["final"], d["n"], info["stop_kind"], ti)
                 extra = (f"; default: {d['n']} trials, stop {info['stop_kind']}, claimed regret "
                          f"{100 * (info['claimed'] or 0):.2f}% vs actual {100 * d['final']:.2f}%, "
@@ -414,6 +487,25 @@ def main(argv=None) -> int:
                   "OOMs: " + ", ".join(f"{s.split(' ')[0]}={m[s]['trials']}/{100 * m[s]['r5']:.2f}%/"
                                        f"{100 * m[s]['r10']:.2f}%/{m[s]['ooms']}oom" for s in strategies)
                   + extra + f" ({time.time() - t0:.0f} s)", flush=True)
+    if a.save:
+        Path(a.save).write_text(json.dumps([[ti, w, m, claim] for ti, w, m, claim in per_world], indent=1))
+    return report(per_world, targets, strategies, structural, a, t0)
+
+
+def merged(paths):
+    """The worlds of saved runs (--save), the strategies of later files added to the same (target, world)."""
+    out: dict = {}
+    for p in paths:
+        for ti, w, m, claim in json.loads(Path(p).read_text()):
+            prev = out.setdefault((ti, w), [ti, w, {}, None])
+            prev[2].update(m)
+            prev[3] = claim if claim is not None else prev[3]
+    return [tuple(v) for _, v in sorted(out.items())]
+
+
+def report(per_world, targets, strategies, structural, a, t0) -> int:
+    """The summary tables (all worlds; tuned and held-out apart with --held-out-from; per target) and the plot."""
+    strategies = tuple(s for s in strategies if all(s in x[2] for x in per_world))
     groups = [("all", per_world)]
     if a.held_out_from is not None:
         groups += [(f"worlds below {a.held_out_from} (tuned on)", [x for x in per_world if x[1] < a.held_out_from]),
@@ -424,18 +516,19 @@ def main(argv=None) -> int:
         results = {s: [x[2][s] for x in sel] for s in strategies}
         print(f"\n{gname}: {len(sel)} {a.kind} worlds, {a.trials} trials each, {time.time() - t0:.0f} s\n\n"
               + summary(results, strategies, a.trials))
+        claims = [x[3] for x in sel if x[3] is not None]
         if structural:
-            claims = [x[3] for x in sel]
             for ti, (mname, gpus, _) in enumerate(targets):
                 sub = {s: [x[2][s] for x in sel if x[0] == ti] for s in strategies}
                 if sub[strategies[0]]:
                     print(f"\n{mname} on {gpus}:\n" + summary(sub, strategies, a.trials))
             ok = sum(1 for c, act, *_ in claims if c is not None and c >= act - 0.01)
-            print(f"\nstop rule: claimed remaining regret >= actual regret - 1% in {ok} of {len(claims)} worlds; "
-                  f"stopped by rule in {sum(1 for c in claims if c[3] == 'rule')}; trials used: median "
-                  f"{statistics.median(c[2] for c in claims):.0f}, max {max(c[2] for c in claims)}; claimed regret "
-                  f"mean {100 * statistics.mean(c[0] or 0 for c in claims):.2f}%, actual mean "
-                  f"{100 * statistics.mean(c[1] for c in claims):.2f}%")
+            if claims:
+                print(f"\nstop rule: claimed remaining regret >= actual regret - 1% in {ok} of {len(claims)} worlds; "
+                      f"stopped by rule in {sum(1 for c in claims if c[3] == 'rule')}; trials used: median "
+                      f"{statistics.median(c[2] for c in claims):.0f}, max {max(c[2] for c in claims)}; claimed "
+                      f"regret mean {100 * statistics.mean(c[0] or 0 for c in claims):.2f}%, actual mean "
+                      f"{100 * statistics.mean(c[1] for c in claims):.2f}%")
     results = {s: [x[2][s] for x in per_world] for s in strategies}
     name = "search_efficiency_structural" if structural else "search_efficiency"
     plot(results, Path(a.out) / (name + (f"_from{a.first_world}" if a.first_world else "") + ".png"), a.trials)

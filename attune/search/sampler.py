@@ -42,6 +42,7 @@ from scipy.special import ndtr
 from attune.estimator import estimate
 from attune.estimator.coefficients import Coefficients
 from attune.search import edge as edge_module
+from attune.search import spread_check
 from attune.search.options import TuneOptions
 from attune.search.recalibrate import POSITIONS, THROUGHPUT_NOISE, Calibration, Measurement, recalibrate
 from attune.search.scoring import ScoredSpace
@@ -68,6 +69,20 @@ LEVEL_SD = 0.05
 # the posterior (not a distance cut) decides whether it is worth a trial
 NEAR_DUPLICATE = 1.0
 _STRUCTURE_BATCH = np.array(edge_module.STRUCTURE + (FEATURES.index("log2_tokens"),))
+# whether the posterior spread is scaled by the study's own out-of-sample check (attune.search.spread_check).
+# Off by default, as EMPIRICAL_SCALES: on the 60 structural worlds of benchmarks/search_efficiency.py the two together
+# reached 2% in 52 worlds against 54 without them (Llama-3.1-70B worlds 1 and 13 lost) for a stop rule firing in 22
+# studies instead of 14 (benchmarks/RESULTS.md, issue 20 third follow-up)
+SPREAD_CHECK = False
+# empirical Bayes for the residual GP's two scales (`ModelGuidedSampler._scales`): multipliers tried on the
+# local standard deviation and on the linear (per-knob-step) one, and the log-normal hyperprior's sd on each (ln 2:
+# a factor of two either way is one standard deviation). The linear scale only grows: a study's layouts cluster
+# around its incumbent, so its residuals can show that a knob direction is mis-priced, never that the structure
+# far away (another PP or TP, where the best layout of a table not in the repository may sit) is priced well
+EMPIRICAL_SCALES = False
+SCALE_GRID = (0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8)
+LINEAR_GRID = (1.0, 1.4, 2.0, 2.8)
+SCALE_PRIOR_SD = math.log(2.0)
 # spread of the recalibrated memory prediction, GiB (allocator fragmentation between runs)
 MEMORY_SPREAD_GIB = 1.0
 # layouts re-estimated exactly after a recalibration (the best by the linearised rescoring)
@@ -173,6 +188,9 @@ class Assessment:
     """The edge step proposed (attune.search.edge): row, after_trial, from, why, kind, to, p_fit; else None."""
     oom_neighbour: int | None = None
     """Row of an unmeasured neighbour of a measured OOM predicted better than the best measured (None: none)."""
+    spread_factor: float = 1.0
+    """The study's check of its own spread (attune.search.spread_check): `spread` times this is what the stop
+    rule, the claimed remaining regret and the acquisition read."""
 
     def should_stop(self, p_stop: float, min_gain: float = TuneOptions.min_gain) -> bool:
         """No candidate has more than p_stop probability of beating the best measured by more than min_gain,
@@ -313,8 +331,11 @@ class ModelGuidedSampler(BaseSampler):
         ok = [(n, m) for n, m in meas if m.tokens_per_s_per_gpu]
         best = max((m.tokens_per_s_per_gpu for _, m in ok), default=None)
         spread = np.zeros(len(t))
+        kappa = 1.0
         if ok and not self.exact:
             mu, spread = self._posterior(mu, ok, cal)
+            if SPREAD_CHECK:  # the study's own out-of-sample check of the spread (attune.search.spread_check)
+                kappa = spread_check.spread_factor(spread_check.prediction_tests(study))
         unmeasured = avail.copy()  # before the near-duplicate rule: edge steps may take near-duplicates
         if best is not None and not self.exact:
             # near-duplicates of a completed measurement (within NEAR_DUPLICATE knob steps) are not worth a trial
@@ -335,17 +356,19 @@ class ModelGuidedSampler(BaseSampler):
             p_imp, gain, claim = 1.0, math.inf, math.inf
         else:
             gap = mu - y
+            sd = spread * kappa  # the checked spread: what the stop rule, the claim and the acquisition read
             with np.errstate(divide="ignore", invalid="ignore"):
-                z = np.where(spread > 0, gap / np.maximum(spread, 1e-12), np.sign(gap) * np.inf)
-                ei = np.where(spread > 0, spread * np.exp(-0.5 * z ** 2) / math.sqrt(2 * math.pi) + gap * ndtr(z),
+                z = np.where(sd > 0, gap / np.maximum(sd, 1e-12), np.sign(gap) * np.inf)
+                ei = np.where(sd > 0, sd * np.exp(-0.5 * z ** 2) / math.sqrt(2 * math.pi) + gap * ndtr(z),
                               np.maximum(gap, 0.0)) * p_fit
-                zi = np.where(spread > 0, (gap - math.log1p(self.min_gain)) / np.maximum(spread, 1e-12),
+                zi = np.where(sd > 0, (gap - math.log1p(self.min_gain)) / np.maximum(sd, 1e-12),
                               np.where(gap > math.log1p(self.min_gain), np.inf, -np.inf))
             pi = ndtr(zi) * p_fit
             ei, pi = np.where(avail, ei, -np.inf), np.where(avail, pi, 0.0)
             p_imp = float(pi.max()) if avail.any() else 0.0
             gain = float(max(ei.max(), 0.0)) if avail.any() else 0.0
-            claim = remaining_regret(gap, spread, p_fit, unmeasured, None if self.exact else self._joint_cov)
+            claim = remaining_regret(gap, sd, p_fit, unmeasured,
+                                     None if self.exact else (lambda rows: kappa ** 2 * self._joint_cov(rows)))
             # ties (no spread, nothing better predicted): the best predicted candidate
             acq = ei + 1e-9 * np.where(avail, mu - y, 0.0)
         cand = int(np.argmax(acq)) if avail.any() else None
@@ -357,7 +380,7 @@ class ModelGuidedSampler(BaseSampler):
         self._assessment = Assessment(candidate=cand, p_improve=p_imp, expected_gain=gain, best_tokens=best,
                                       candidates=int(avail.sum()), calibration=cal, mean_log=mu, spread=spread,
                                       peak_gib=peak, p_fit=p_fit, remaining_regret=claim, edge_step=edge,
-                                      oom_neighbour=guard)
+                                      oom_neighbour=guard, spread_factor=kappa)
         return self._assessment
 
     def _same_structure(self, x: np.ndarray) -> np.ndarray:
@@ -432,25 +455,51 @@ class ModelGuidedSampler(BaseSampler):
         s2 = (PRIOR_WEIGHT * PRIOR_SPREAD ** 2 + float(np.sum((r - r.mean()) ** 2))) / (PRIOR_WEIGHT + len(r))
         x0 = X[0]
         Xc, Fc = X - x0, self.table.features - x0
-        lin, lvl = KNOB_EFFECT_SD ** 2, LEVEL_SD ** 2
+        lvl = LEVEL_SD ** 2
         dxx = np.abs(X[:, None, :] - X[None, :, :]).sum(-1)
+        s2, lin = self._scales(r, np.exp(-dxx / KERNEL_LENGTH), Xc @ Xc.T, s2)
         K = s2 * np.exp(-dxx / KERNEL_LENGTH) + lin * (Xc @ Xc.T) + lvl + THROUGHPUT_NOISE ** 2 * np.eye(len(r))
         Ks = lin * (Fc @ Xc.T) + lvl
         for j in range(len(r)):
             Ks[:, j] += s2 * np.exp(-np.abs(self.table.features - X[j]).sum(1) / KERNEL_LENGTH)
         Kinv = np.linalg.inv(K)
-        self._gp = (X, x0, s2, Kinv)
+        self._gp = (X, x0, s2, lin, Kinv)
         mean = mu + Ks @ (Kinv @ r)
         prior = s2 + lin * np.einsum("ij,ij->i", Fc, Fc) + lvl
         var = prior - np.einsum("ij,jk,ik->i", Ks, Kinv, Ks)
         return mean, np.sqrt(np.maximum(var, 1e-10))
 
+    @staticmethod
+    def _scales(r: np.ndarray, local: np.ndarray, linear: np.ndarray, s2: float) -> tuple[float, float]:
+        """(local variance, per-knob-step linear variance) of the residual GP: the prior values (s2 from the
+        residuals' spread, KNOB_EFFECT_SD) scaled by the multipliers of SCALE_GRID / LINEAR_GRID that maximise the marginal
+        likelihood of the residuals `r` times a log-normal hyperprior (SCALE_PRIOR_SD): empirical Bayes, so the
+        study's own measurements say how much of its error is structural (a trend along knob directions the
+        model mis-prices) and how much local."""
+        lin0 = KNOB_EFFECT_SD ** 2
+        if not EMPIRICAL_SCALES or len(r) < 2:
+            return s2, lin0
+        n = len(r)
+        base = LEVEL_SD ** 2 + THROUGHPUT_NOISE ** 2 * np.eye(n)
+        best, out = -math.inf, (s2, lin0)
+        for a in SCALE_GRID:
+            for b in LINEAR_GRID:
+                K = (a * a * s2) * local + (b * b * lin0) * linear + base
+                sign, logdet = np.linalg.slogdet(K)
+                if sign <= 0:
+                    continue
+                ll = -0.5 * float(r @ np.linalg.solve(K, r)) - 0.5 * logdet
+                ll -= 0.5 * (math.log(a) ** 2 + math.log(b) ** 2) / SCALE_PRIOR_SD ** 2
+                if ll > best:
+                    best, out = ll, (a * a * s2, b * b * lin0)
+        return out
+
     def _joint_cov(self, rows: np.ndarray) -> np.ndarray:
         """Posterior covariance of the residual GP (`_posterior`, the latest fit) among `rows` of the table."""
-        X, x0, s2, Kinv = self._gp
+        X, x0, s2, lin, Kinv = self._gp
         F = self.table.features[rows]
         Fc, Xc = F - x0, X - x0
-        lin, lvl = KNOB_EFFECT_SD ** 2, LEVEL_SD ** 2
+        lvl = LEVEL_SD ** 2
         prior = (s2 * np.exp(-np.abs(F[:, None, :] - F[None, :, :]).sum(-1) / KERNEL_LENGTH)
                  + lin * (Fc @ Fc.T) + lvl)
         Ks = s2 * np.exp(-np.abs(F[:, None, :] - X[None, :, :]).sum(-1) / KERNEL_LENGTH) + lin * (Fc @ Xc.T) + lvl

@@ -107,3 +107,21 @@ def test_scored_space_reads_like_lists():
         assert pos[i, 1] == (max(st[1:-1]) if len(st) > 2 else -np.inf)
     assert table.layouts[-1] == ref[-1][1] and table.layouts[:2] == [lay for _, lay in ref[:2]]
     assert table.row(params_key({"tp": 99})) is None
+
+
+def test_scored_table_survives_a_pickle(h200x8, slime):
+    """The search benchmark keeps scored tables between runs as pickles (`--cache`): the lazy sequences are
+    rebuilt on load and read the same rows."""
+    import pickle
+
+    from attune.estimator.coefficients import coefficients_for
+    from attune.search.scoring import score_space
+    from attune.search.space import load_space
+    from attune.spec.layout import Workload
+    from attune.spec.model import load_model
+
+    t = score_space(load_space(None), load_model("tiny-llama"), h200x8, Workload(seq_length=1024, global_batch=16),
+                    slime, coefficients_for(h200x8.gpu), workers=1)
+    t2 = pickle.loads(pickle.dumps(t))
+    for i in (0, len(t) // 2, len(t) - 1):
+        assert t2.layouts[i] == t.layouts[i] and t2.params[i] == t.params[i] and t2.stage_gib[i] == t.stage_gib[i]

@@ -118,6 +118,14 @@ class ScoredSpace:
             n, lambda i: tuple(float(x) for x in self.stage_peaks_gib[i, :int(pp[i])]))
         """Predicted peak memory per pipeline stage of one layout, GiB per GPU, stage 0 first."""
 
+    def __getstate__(self) -> dict:
+        # the lazy sequences hold closures (not picklable); they are rebuilt on load
+        return {k: v for k, v in self.__dict__.items() if k not in ("layouts", "params", "stage_gib")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.__post_init__()
+
     @property
     def cols(self) -> LayoutColumns:
         """The layouts as columns."""

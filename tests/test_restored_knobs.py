@@ -1,0 +1,35 @@
+"""Issue 18: the knobs cut from the default space to keep the main command fast are searched again, now that the
+space is scored as arrays; each expands only where its registry rule (`attune.spec.knob_registry`, ``applies``)
+says it can change the layout."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attune.api.target import batch_for_cluster
+from attune.search.enumeration import enumerate_columns
+from attune.search.space import load_space
+from attune.spec.engine import get_engine
+from attune.spec.hardware import parse_cluster
+from attune.spec.layout import Workload
+from attune.spec.model import load_model
+
+
+@pytest.fixture(scope="module")
+def qwen_cols():
+    """The default space of the main command's target (Qwen3.6-27B on 8 x H200, slime) as columns."""
+    model, cluster = load_model("Qwen3.6-27B"), parse_cluster("8xH200")
+    wl, _ = batch_for_cluster(Workload(), cluster.world_size)
+    return enumerate_columns(load_space(None), model, cluster.world_size, wl, get_engine("slime")).cols
+
+
+def test_comm_overlap_searched_where_there_is_communication(qwen_cols):
+    assert tuple(load_space(None).domain("comm_overlap")) == (False, True)
+    c = qwen_cols
+    rule = (c["dp"] * c["cp"] > 1) | ((c["tp"] > 1) & c["sp"])
+    on = c["overlap_grad_reduce"]
+    assert np.array_equal(on, c["overlap_param_gather"])
+    assert on.any() and not on[~rule].any()  # never expanded where there is nothing to overlap
+    assert on[rule].sum() == (~on[rule]).sum()  # both values of every layout where it can matter
+    assert np.array_equal(c["tp_comm_overlap"], on & c["sp"] & (c["tp"] > 1))

@@ -33,3 +33,23 @@ def test_comm_overlap_searched_where_there_is_communication(qwen_cols):
     assert on.any() and not on[~rule].any()  # never expanded where there is nothing to overlap
     assert on[rule].sum() == (~on[rule]).sum()  # both values of every layout where it can matter
     assert np.array_equal(c["tp_comm_overlap"], on & c["sp"] & (c["tp"] > 1))
+
+
+def test_partial_optimizer_offload_searched_under_recompute(qwen_cols):
+    c = qwen_cols
+    off, rec = c["optimizer_cpu_offload"], c["recompute_granularity"]
+    partial = c["offload_fraction"] < 1.0
+    assert not partial[~off].any()  # only with optimizer offload
+    for r in ("none", "selective", "full"):  # both fractions under every recompute
+        here = off & (rec == r)
+        assert partial[here].sum() == (~partial[here]).sum() > 0, r
+
+
+def test_activation_offload_searched_under_selective_recompute(qwen_cols):
+    c = qwen_cols
+    rec = c["recompute_granularity"]
+    on = np.array([bool(m) for m in c["offload_modules"]])
+    assert not on[rec == "full"].any()  # full recompute keeps no activations to offload
+    for r in ("none", "selective"):
+        here = rec == r
+        assert on[here].sum() == (~on[here]).sum() > 0, r

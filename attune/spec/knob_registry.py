@@ -201,8 +201,9 @@ KNOBS: tuple[Knob, ...] = (
          from_layout=lambda lay, first: bool(lay.moe_ep_overlap), feature=lambda lay: float(lay.moe_ep_overlap)),
     Knob("stage_layout", ("pipeline_layout",), Choice("str", ("split", "string")), "split",
          note="'split' (first/last counts, middle stages even) or 'string': the same first/last with the middle "
-              "remainder spread over the middle stages as --pipeline-model-parallel-layout (PP > 2, VPP 1, first "
-              "and last at most their even share: the end stages carry the in-flight activations and the logits; "
+              "remainder spread over the middle stages as --pipeline-model-parallel-layout (PP > 2; at VPP > 1 each "
+              "stage's layers spread over its virtual stages, so they need not divide by VPP; first and last at "
+              "most their even share: the end stages carry the in-flight activations and the logits; "
               "only where the split would move the remainder onto the last stage)"),
     # ---- settings a space can only fix
     Knob("precision_aware_optimizer", ("precision_aware_optimizer",), _BOOL, True, searched=False),

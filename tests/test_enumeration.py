@@ -46,7 +46,7 @@ def _same(model_name: str, gpus: str, space, engine: str = "slime") -> int:
 
 
 def test_main_command_space_equal():
-    """Qwen3.6-27B on 8 x H200, the dense space (66,404 layouts; Qwen3.5 refuses layout strings on slime)."""
+    """Qwen3.6-27B on 8 x H200, the dense space (116,148 layouts with communication overlap; Qwen3.5 refuses layout strings on slime)."""
     assert _same("Qwen3.6-27B", "8xH200", load_space(None)) > 60_000
 
 

@@ -43,6 +43,7 @@ from attune.search.space import (
     _Split,
     _string_counts,
     layout_string_refusal,
+    string_layout,
 )
 from attune.spec.columns import NONE_INT, LayoutColumns
 from attune.spec.engine import Engine
@@ -50,7 +51,7 @@ from attune.spec.identity import IDENTITY_ITEMS, key_function, layout_key
 from attune.spec.knob_registry import GENERIC as _ALL_GENERIC
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec
-from attune.spec.pipeline_layout import check_layout_string, layout_string
+from attune.spec.pipeline_layout import check_layout_string
 from attune.spec.placement import stage_layer_counts, virtual_stage_counts
 
 _FEATURED = tuple(k for k in _ALL_GENERIC if k.feature is not None)
@@ -195,8 +196,6 @@ def _structures(space: SearchSpace, model: ModelSpec, world_size: int, engine: E
             else:
                 splits.setdefault((0, 0), (fo, lo, space.domain("stage_layout")[0]))
         for (fo, lo, sl), vpp in itertools.product(splits.values(), space.domain("vpp")):
-            if sl == "string" and vpp > 1:
-                continue
             probe_first = L // pp + fo if pp > 1 else None
             try:  # the enumeration's probe split (its block recompute counts go up to the probe's chunk)
                 if sl == "string":
@@ -206,7 +205,7 @@ def _structures(space: SearchSpace, model: ModelSpec, world_size: int, engine: E
                         L - probe_first if pp == 2 else L // pp + lo), None), L)
             except (LayoutError, ValueError):
                 probe = None
-            if probe is not None and any(c % vpp for c in probe):
+            if probe is not None and (min(probe) < vpp if sl == "string" else any(c % vpp for c in probe)):
                 continue
             top = max(probe) // vpp if probe else max(space.domain("recompute_layers"))
             s = _split_of(space, model, engine, tp, pp, cp, world_size // (tp * pp * cp), vpp, fo, lo, sl, top, refusal)
@@ -222,11 +221,8 @@ def _split_of(space, model, engine, tp, pp, cp, dp, vpp, fo, lo, sl, top, refusa
     first = last = pl = None
     if pp > 2 and sl == "string":
         even = L // pp
-        sc = _string_counts(L, pp, even + fo, even + lo)
-        if sc is None or vpp > 1 or refusal:
-            return None
-        pl = layout_string(sc)
-        if check_layout_string(pl, pp, vpp, L):
+        pl = string_layout(L, pp, vpp, even + fo, even + lo)
+        if pl is None or refusal or check_layout_string(pl, pp, vpp, L):
             return None
     elif pp > 1:
         even = L // pp
@@ -245,7 +241,7 @@ def _split_of(space, model, engine, tp, pp, cp, dp, vpp, fo, lo, sl, top, refusa
         counts = tuple(stage_layer_counts(sp, L))
     except (LayoutError, ValueError):
         return None
-    if any(c < 1 for c in counts) or sum(counts) != L or any(c % vpp for c in counts):
+    if any(c < 1 for c in counts) or sum(counts) != L or (pl is None and any(c % vpp for c in counts)):
         return None
     virt = tuple(virtual_stage_counts(sp, L) or ()) if vpp > 1 else ()
     return _Structure(tp, pp, cp, dp, vpp, fo, lo, sl, top, first, last, pl, counts, virt)

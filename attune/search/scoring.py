@@ -54,6 +54,11 @@ CACHE_SIZE = 6
 _CACHE: dict[tuple, "ScoredSpace"] = {}
 # below this many layouts the table is estimated in this process (a worker pool costs more than it saves)
 PARALLEL_MIN_ROWS = 4000
+# rows per estimate_batch call: the array engine's intermediates are a few hundred bytes per row and stage, so the
+# table is estimated in slices of this many rows to bound the peak memory (Llama-3.1-70B on 64 x H100 with
+# communication overlap searched, 646,392 layouts: benchmarks/RESULTS.md); a slice this large keeps numpy's
+# per-call overhead negligible
+BATCH_ROWS = 65536
 
 
 class _Lazy(Sequence):
@@ -208,14 +213,16 @@ def _estimate_columns(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, w
     stages, peak, host = np.full((n, width), np.nan), np.zeros(n), np.zeros(n, dtype=bool)
     scalar = scalar_rows(model, cluster, cols, engine)
     rows = np.flatnonzero(~scalar)
-    if rows.size:
-        b = estimate_batch(model, cluster, cols if rows.size == n else cols.take(rows), workload, engine, coef)
+    for a in range(0, rows.size, BATCH_ROWS):
+        part = rows[a:a + BATCH_ROWS]
+        b = estimate_batch(model, cluster, cols if part.size == n else cols.take(part), workload, engine, coef)
         ok = (b.peak_gib <= limit) & b.host_fits
-        tokens[rows] = np.where(ok, b.tokens_per_s_per_gpu, np.nan)
-        step[rows] = np.where(ok, b.step.step_time_s, np.nan)
+        tokens[part] = np.where(ok, b.tokens_per_s_per_gpu, np.nan)
+        step[part] = np.where(ok, b.step.step_time_s, np.nan)
         st = np.where(b.stage, b.stage_values("total_gib"), np.nan)
-        stages[rows, :st.shape[1]] = st
-        peak[rows], host[rows] = b.peak_gib, b.host_fits
+        stages[part, :st.shape[1]] = st
+        peak[part], host[part] = b.peak_gib, b.host_fits
+        del b, st
     rows = np.flatnonzero(scalar)
     for i, lay in zip(rows, _layouts(cols.take(rows)) if rows.size else ()):
         mem, perf = estimate_parts(model, cluster, lay, workload, engine, coef, perf_below_gib=limit)

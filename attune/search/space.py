@@ -26,8 +26,8 @@ from attune.spec.knob_registry import GENERIC, GENERIC_DENSE, KnobContext
 from attune.spec.knob_registry import KNOBS as REGISTRY
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec
-from attune.spec.pipeline_layout import layout_string
-from attune.spec.placement import stage_layer_counts
+from attune.spec.pipeline_layout import layout_stage_counts, layout_string
+from attune.spec.placement import stage_layer_counts, virtual_stage_counts
 from attune.spec.rules import check, layout_string_refusal
 from attune.spec.textio import load_yaml, read_text
 from attune.spec.validation import one_line
@@ -153,8 +153,6 @@ class SearchSpace:
                 else:
                     splits.setdefault((0, 0), (fo, lo, self.domain("stage_layout")[0]))
             for (fo, lo, sl), vpp in itertools.product(splits.values(), self.domain("vpp")):
-                if sl == "string" and vpp > 1:
-                    continue
                 probe_first = L // pp + fo if pp > 1 else None
                 try:
                     if sl == "string":
@@ -164,8 +162,9 @@ class SearchSpace:
                             L - probe_first if pp == 2 else L // pp + lo), None), L)
                 except (LayoutError, ValueError):
                     counts = None
-                if counts is not None and any(c % vpp for c in counts):
+                if counts is not None and (min(counts) < vpp if sl == "string" else any(c % vpp for c in counts)):
                     continue  # to_layout refuses every candidate of this split: VPP must divide each stage's layers
+                    # (a layout string: every virtual stage needs a layer)
                 recs = []
                 for rec in self.domain("recompute"):
                     if rec != "full":
@@ -222,11 +221,10 @@ class SearchSpace:
         pipeline_layout = None
         if pp > 2 and g("stage_layout") == "string":
             even = L // pp
-            sc = _string_counts(L, pp, even + int(g("first_offset")), even + int(g("last_offset")))
-            if sc is None or vpp > 1:
-                raise LayoutError("stage_layout 'string' needs PP > 2, VPP 1 and a middle remainder to spread "
-                                  "(else it is the 'split' layout)")
-            pipeline_layout = layout_string(sc)
+            pipeline_layout = string_layout(L, pp, vpp, even + int(g("first_offset")), even + int(g("last_offset")))
+            if pipeline_layout is None:
+                raise LayoutError("stage_layout 'string' needs PP > 2, a middle remainder to spread (else it is the "
+                                  "'split' layout) and at least VPP layers on every stage")
         elif pp > 1:
             even = L // pp
             first = even + int(g("first_offset"))
@@ -243,7 +241,7 @@ class SearchSpace:
         rec = g("recompute")
         method = n = None
         counts = stage_layer_counts(_Split(pp, vpp, first, last, pipeline_layout), L)
-        if any(c % vpp for c in counts):
+        if pipeline_layout is None and any(c % vpp for c in counts):
             raise LayoutError(f"VPP {vpp} must divide every stage's layers ({'/'.join(map(str, counts))})")
         if rec == "full":
             method = g("recompute_method")
@@ -309,8 +307,10 @@ class SearchSpace:
             want["first_offset"] = want["last_offset"] = 0
         # issue 15 knobs
         want["stage_layout"] = "string" if layout.pipeline_layout is not None else "split"
-        if layout.pipeline_layout is not None and (layout.pp < 3 or _string_counts(
-                L, layout.pp, counts[0], counts[-1]) != counts):
+        gen = string_layout(L, layout.pp, layout.vpp, counts[0], counts[-1]) \
+            if layout.pipeline_layout is not None and layout.pp > 2 else None
+        if layout.pipeline_layout is not None and (gen is None or layout_stage_counts(
+                gen, layout.pp, layout.vpp, L) != virtual_stage_counts(layout, L)):
             return None  # a layout string the 'string' knob does not generate
         if layout.account_for_embedding or layout.account_for_loss:
             return None
@@ -387,6 +387,26 @@ def _string_counts(L: int, pp: int, first: int, last: int) -> list[int] | None:
         return None
     base, extra = divmod(rest, n_mid)
     return [first] + [base + 1] * extra + [base] * (n_mid - extra) + [last]
+
+
+def _virtual_string_counts(counts: list[int], vpp: int) -> list[int] | None:
+    """Layers per virtual stage (Megatron's order: virtual stage ``j * PP + r`` is rank r's chunk j) of the
+    'string' stage layout at VPP ``vpp``: each rank's layers spread over its chunks, the earlier chunks taking
+    the remainder (so a rank's layers need not divide by VPP); None when a chunk would be empty."""
+    if min(counts) < vpp:
+        return None
+    pp = len(counts)
+    return [counts[r] // vpp + (1 if j < counts[r] % vpp else 0) for j in range(vpp) for r in range(pp)]
+
+
+def string_layout(L: int, pp: int, vpp: int, first: int, last: int) -> str | None:
+    """The ``--pipeline-model-parallel-layout`` of the 'string' stage layout (`_string_counts` per rank, over VPP
+    chunks by `_virtual_string_counts`), or None when it does not apply."""
+    sc = _string_counts(L, pp, first, last)
+    if sc is None:
+        return None
+    virt = _virtual_string_counts(sc, vpp) if vpp > 1 else sc
+    return layout_string(virt) if virt is not None else None
 
 
 # the bundled space used when none is given

@@ -174,14 +174,15 @@ KNOBS: tuple[Knob, ...] = (
          applies=lambda c: c.recompute == "selective", to_fields=_selective_modules,
          from_layout=lambda lay, first: "+".join(lay.effective_recompute_modules) or "core_attn"),
     Knob("activation_offload", ("offload_modules",), Modules(OFFLOAD_MODULES, none=True), "none",
-         note="with no recompute (the alternative to it): 'none' or '+'-joined --offload-modules names",
-         applies=lambda c: c.recompute == "none",
+         note="with no or selective recompute (full recompute keeps no activations to offload): 'none' or "
+              "'+'-joined --offload-modules names",
+         applies=lambda c: c.recompute != "full",
          to_fields=lambda v, c: {"offload_modules": modules_of(v) if c.recompute != "full" else ()},
          from_layout=lambda lay, first: "+".join(lay.offload_modules) or "none"),
     Knob("offload_fraction", ("offload_fraction",), Choice("fraction"), 1.0,
-         note="with optimizer_cpu_offload and no recompute (partial offload as the alternative to recompute; "
-              "otherwise the domain's first value): --optimizer-offload-fraction",
-         applies=lambda c: c.offload and c.recompute == "none",
+         note="with optimizer_cpu_offload, under any recompute (partial offload beside recompute where memory "
+              "binds; otherwise the domain's first value): --optimizer-offload-fraction",
+         applies=lambda c: c.offload,
          to_fields=lambda v, c: {"offload_fraction": float(v) if c.offload else 1.0},
          from_layout=lambda lay, first: lay.offload_fraction if lay.optimizer_cpu_offload else first,
          off_domain_ok=lambda lay: not lay.optimizer_cpu_offload),
@@ -200,8 +201,9 @@ KNOBS: tuple[Knob, ...] = (
          from_layout=lambda lay, first: bool(lay.moe_ep_overlap), feature=lambda lay: float(lay.moe_ep_overlap)),
     Knob("stage_layout", ("pipeline_layout",), Choice("str", ("split", "string")), "split",
          note="'split' (first/last counts, middle stages even) or 'string': the same first/last with the middle "
-              "remainder spread over the middle stages as --pipeline-model-parallel-layout (PP > 2, VPP 1, first "
-              "and last at most their even share: the end stages carry the in-flight activations and the logits; "
+              "remainder spread over the middle stages as --pipeline-model-parallel-layout (PP > 2; at VPP > 1 each "
+              "stage's layers spread over its virtual stages, so they need not divide by VPP; first and last at "
+              "most their even share: the end stages carry the in-flight activations and the logits; "
               "only where the split would move the remainder onto the last stage)"),
     # ---- settings a space can only fix
     Knob("precision_aware_optimizer", ("precision_aware_optimizer",), _BOOL, True, searched=False),

@@ -53,6 +53,10 @@ def test_overlap_layout_is_one_attunes_rules_accept():
     assert not check(o, m, c.world_size, Workload(), get_engine("slime"))
     with pytest.raises(cl.CheckError, match="needs EP > 1"):
         cl.overlap_layout(m, c, [replace(base, ep=1)])
+    m, c = load_model("Qwen3-235B-A22B"), parse_cluster("8x8xH200")  # slime's PP 4: overlap needs virtual stages
+    base = baseline_layout(m, c, Workload(), get_engine("slime"))[0]
+    o = cl.overlap_layout(m, c, [base])
+    assert base.pp == o.pp == 4 and base.vpp == 1 and o.vpp == 2 and o.moe_ep_overlap
 
 
 def test_bad_checkout_is_one_line(tmp_path, capsys):

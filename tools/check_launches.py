@@ -424,9 +424,10 @@ def build_launches(name: str, root: Path, winner: bool, precisions: tuple[str, .
 
 def overlap_layout(model, cluster, layouts: list[Layout]) -> Layout:
     """The first of `layouts` with ``moe_ep_overlap`` switched on that attune's rules accept for slime (EP > 1,
-    alltoall or flex, VPP with PP > 1, no full recompute: attune.spec.moe.ep_overlap_rules); where full recompute
-    or the allgather dispatcher is all that stands in the way, the same layout with selective recompute and the
-    alltoall dispatcher. A CheckError naming each layout's reasons otherwise."""
+    alltoall or flex, VPP with PP > 1, no full recompute: attune.spec.moe.ep_overlap_rules); where full recompute,
+    the allgather dispatcher or a pipeline without virtual stages stands in the way, the same layout with selective
+    recompute, the alltoall dispatcher and 2, 3 or 4 virtual stages. A CheckError naming each try's reasons
+    otherwise."""
     why = []
     for lay in layouts:
         tries = [replace(lay, moe_ep_overlap=True)]
@@ -434,6 +435,8 @@ def overlap_layout(model, cluster, layouts: list[Layout]) -> Layout:
             tries.append(replace(tries[0], moe_dispatcher=lay.moe_dispatcher if lay.moe_dispatcher == "flex" else "alltoall",
                                  **({"recompute_granularity": "selective", "recompute_method": None,
                                      "recompute_num_layers": None} if lay.recompute_granularity == "full" else {})))
+        if lay.pp > 1 and lay.vpp <= 1:  # PP > 1 needs virtual stages: the fewest that attune's rules accept
+            tries += [replace(t, vpp=v) for t in list(tries) for v in (2, 3, 4)]
         for o in tries:
             errs = check(o, model, cluster.world_size, Workload(), get_engine("slime"))
             if not errs:

@@ -563,10 +563,10 @@ def main(argv: list[str] | None = None) -> int:
                 v = check_launch(sargs, L)
                 verdicts.append(v)
                 print(f"{name} {L.kind}: {'no launch' if L.error else 'PASS' if v.ok else 'FAIL'}", file=sys.stderr)
+            if a.json:  # after every model: a long run that is stopped keeps what it checked
+                a.json.write_text(json.dumps([v.row() for v in verdicts], indent=1))
     print(f"slime {a.slime} and Megatron-LM {a.megatron}; stand-in modules: {', '.join(stood_in) or 'none'}\n")
     print(table(verdicts))
-    if a.json:
-        a.json.write_text(json.dumps([v.row() for v in verdicts], indent=1))
     emitted = [v for v in verdicts if not v.launch.error]
     failed = [v for v in emitted if not v.ok]
     print(f"\n{len(emitted)} launches checked, {len(failed)} failed; "

@@ -34,6 +34,10 @@ def test_cluster_sizes_follow_the_model():
     assert cl.cluster_for(load_model("Qwen3-30B-A3B")) == "8xH200"
     assert cl.cluster_for(load_model("Qwen3-235B-A22B")) == "8x8xH200"
     assert cl.cluster_for(load_model("DeepSeek-V3")) == "32x8xH200"
+    # rows as long as a learned position table allows (attune refuses longer ones), else attune's default
+    assert cl.workload_for(load_model("gpt2")).seq_length == 1024
+    assert cl.workload_for(load_model("GPT-3-175B")).seq_length == 2048
+    assert cl.workload_for(load_model("Qwen3-4B")).seq_length == 8192
 
 
 def test_precision_variants_run_on_a_gpu_that_has_them():
@@ -84,7 +88,7 @@ def checkouts():
     return SLIME_DIR, MEGATRON_DIR
 
 
-MODELS = ("GLM-4.5-Air", "Qwen3-30B-A3B", "Qwen3.5-35B-A3B", "Qwen3-4B", "tiny-llama")
+MODELS = ("GLM-4.5-Air", "Qwen3-30B-A3B", "Qwen3.5-35B-A3B", "Qwen3-4B", "tiny-llama", "gpt2")
 
 
 @pytest.mark.slow

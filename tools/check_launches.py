@@ -301,6 +301,14 @@ def cluster_for(model, gpu: str = "H200") -> str:
     return f"8x{gpu}" if nodes == 1 else f"{nodes}x8x{gpu}"
 
 
+def workload_for(model) -> Workload:
+    """attune's default workload (8,192-token rows), in rows no longer than the positions of a model with learned
+    positions (GPT-2: 1,024, GPT-3: 2,048), where attune refuses longer rows."""
+    if model.positions == "learned" and Workload().seq_length > model.max_positions:
+        return Workload(seq_length=model.max_positions)
+    return Workload()
+
+
 def precision_arch(recipe: str) -> str:
     """The architecture a precision recipe is checked on: Hopper where it runs there (bf16, fp8 delayed,
     tensorwise, blockwise), else Blackwell (mxfp8, nvfp4; attune.spec.precision.hardware_refusal)."""
@@ -369,15 +377,15 @@ def build_launches(name: str, root: Path, winner: bool, precisions: tuple[str, .
     ``--overlap-moe-expert-parallel-comm``: the winner's or else the baseline's, switched on where attune's
     rules allow it (``overlap_layout``)."""
     model = load_model(name)
-    gpus = cluster_for(model)
+    gpus, work = cluster_for(model), workload_for(model)
     cl, cfg = _cluster_file(root, name, gpus)
     out = []
     L = Launch(name, "baseline", gpus)
     base = win = None
     try:
-        base, _ = baseline_layout(model, cl, Workload(), get_engine("slime"))
+        base, _ = baseline_layout(model, cl, work, get_engine("slime"))
         L.layout = base.label()
-        _from_command(L, slime_command(model, cl, base, Workload(), cluster_cfg=cfg))
+        _from_command(L, slime_command(model, cl, base, work, cluster_cfg=cfg))
     except AttuneError as e:
         L.error = _no_launch(e)
     out.append(L)
@@ -387,7 +395,7 @@ def build_launches(name: str, root: Path, winner: bool, precisions: tuple[str, .
         W = Launch(name, "winner", gpus)
         try:
             with tempfile.TemporaryDirectory() as t, contextlib.redirect_stdout(io.StringIO()):
-                res = tune(model=name, gpus=gpus, out=Path(t) / "study", verify=False)
+                res = tune(model=name, gpus=gpus, out=Path(t) / "study", verify=False, seq=work.seq_length)
             win = res.outcome.best.to_layout()
             W.layout = win.label()
             _from_command(W, command_for_recipe(res.recipe, cfg))
@@ -400,7 +408,8 @@ def build_launches(name: str, root: Path, winner: bool, precisions: tuple[str, .
         try:
             pcl, pcfg = _cluster_file(root, name, P.gpus)
             with tempfile.TemporaryDirectory() as t, contextlib.redirect_stdout(io.StringIO()):
-                res = tune(model=name, gpus=P.gpus, out=Path(t) / "study", verify=False, allow_numerics=[r])
+                res = tune(model=name, gpus=P.gpus, out=Path(t) / "study", verify=False, allow_numerics=[r],
+                           seq=work.seq_length)
                 if res.low_precision_recipe_path is None:
                     raise CheckError(f"no {r} layout fits {P.gpus} ({'; '.join(res.low_precision.refused) or 'memory'})"
                                      if res.low_precision is not None else f"attune tune priced no {r} layout")
@@ -415,7 +424,7 @@ def build_launches(name: str, root: Path, winner: bool, precisions: tuple[str, .
         try:
             lay = overlap_layout(model, cl, [x for x in (win, base) if x is not None])
             O.layout = lay.label()
-            _from_command(O, slime_command(model, cl, lay, Workload(), cluster_cfg=cfg))
+            _from_command(O, slime_command(model, cl, lay, work, cluster_cfg=cfg))
         except AttuneError as e:
             O.error = _no_launch(e)
         out.append(O)

@@ -296,7 +296,7 @@ def test_dense_model_args_equal_slimes(name):
     assert _as_map(model_args(m), m) == _as_map(shlex.split(SLIME_DENSE_ARGS[name]), m)
 
 
-@pytest.mark.parametrize("name", ["Qwen2.5-0.5B", "Qwen2.5-7B", "Qwen3-0.6B", "Qwen3-8B", "Llama-3.2-3B"])
+@pytest.mark.parametrize("name", sorted(SLIME_DENSE_ARGS))  # every dense llama-family model of slime's scripts/models
 def test_dense_param_counts_match_megatron_core(name):
     pytest.importorskip("megatron.core", reason="megatron-core is not installed: pip install 'attune[megatron]'")
     from attune.spec.crosscheck import megatron_param_count  # noqa: PLC0415 - optional extra

@@ -137,6 +137,15 @@ def test_model_args_gpt2_learned_layernorm_gelu_tied():
         assert flag not in g
 
 
+def test_learned_positions_name_the_row_length():
+    # without --seq-length slime puts 4096 (slime/backends/megatron_utils/arguments.py lines 164-165), over GPT-2's
+    # 1,024 positions: Megatron's validate_args fails (found by tools/check_launches.py)
+    m, c = load_model("gpt2"), parse_cluster("8xH200")
+    lay = baseline_layout(m, c, Workload(seq_length=1024), get_engine("slime"))[0]
+    g = groups(slime_command(m, c, lay, Workload(seq_length=1024)).flags)
+    assert g["--seq-length"] == ("1024",) and g["--max-position-embeddings"] == ("1024",)
+
+
 # ---------------------------------------------------------------------------- the seed's launch
 def test_entrypoint_is_train_async_without_colocate(seed_cmd):
     assert seed_cmd.argv[:2] == ["python3", "train_async.py"]

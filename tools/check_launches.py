@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Feed every slime launch attune emits to slime's and Megatron-LM's real argument parsers and validate_args.
 
-    python3 tools/check_launches.py --slime DIR --megatron DIR [--models NAME ...] [--no-winner] [--json FILE]
+    python3 tools/check_launches.py --slime DIR --megatron DIR [--models NAME ...] [--no-winner]
+        [--precision RECIPE ...] [--overlap] [--json FILE]
 
 DIR are checkouts the user provides: slime at 624b824a and Megatron-LM at 1dcf0daf with slime's Megatron
 patches applied, as slime's Dockerfile applies them (docker/Dockerfile lines 118-133: ``git apply
@@ -9,8 +10,7 @@ megatron.patch`` then ``megatron-sglang-aligned.patch``, both from slime's ``doc
 sglang*.patch files there patch SGLang, not Megatron-LM). attune ships neither and downloads nothing.
 
 For each bundled model (``attune models``) on a cluster sized to it (:func:`cluster_for`), the tool builds
-three launches with attune's own code: the model's baseline (``attune.spec.baselines``), the baseline with slime's
-fp8 recipe (``--fp8-format e4m3 --fp8-recipe blockwise``, slime docs/en/advanced/low-precision.md) and the predicted
+two launches with attune's own code: the model's baseline (``attune.spec.baselines``) and the predicted
 winner of ``attune tune`` on the sim runner (``--no-winner`` skips it); each through
 ``attune.runners.slime.launch`` with a cluster file whose paths are real folders written here (the HF
 checkpoint folder holds the model's bundled ``config.json``, so slime's ``_hf_validate_args`` compares the
@@ -18,7 +18,15 @@ launch's model arguments against it through transformers' ``AutoConfig``). Each 
 exported, its argv becomes ``sys.argv``, and slime's ``slime.utils.arguments.parse_args()`` runs as
 ``train_async.py`` would run it: Megatron's parser (``ignore_unknown_args=True``) with slime's arguments, the
 HF config check, slime's defaults, ``slime_validate_args`` and slime's ``validate_args`` (Megatron's
-``validate_args`` plus slime's rewrites).
+``validate_args`` plus slime's rewrites). Then Megatron's ``TransformerConfig`` is built from the validated
+arguments, as slime's model provider does before it builds the model (slime/backends/megatron_utils/
+model_provider.py line 134, ``core_transformer_config_from_args``): its ``__post_init__`` holds the rules of the
+expert all-to-all overlap, recompute and low precision that validate_args does not check.
+
+Variants: ``--precision RECIPE`` (repeatable; fp8-delayed, fp8-tensorwise, fp8-blockwise, mxfp8, nvfp4) adds the
+low-precision best of ``attune tune --allow-numerics RECIPE``, on H200 where Hopper runs the recipe and on a B200
+cluster of the same size where only Blackwell does (mxfp8, nvfp4); ``--overlap`` adds, for MoE models, a layout
+with ``--overlap-moe-expert-parallel-comm`` (:func:`overlap_layout`).
 
 It reports per launch: the flags, the rejected flags (argparse errors, which exit 2, and flags neither parser
 knows, which Megatron's ``ignore_unknown_args=True`` drops silently), the flags silently rewritten (the
@@ -27,10 +35,11 @@ value argparse parsed against the value after validation), and any validation fa
 What this process changes so the real code runs on a CPU machine without the training image (each is off
 the path a ``--debug-train-only`` launch takes through argument parsing, or answers a GPU query):
 
-* ``torch.cuda.get_device_capability`` -> (9, 0) and ``torch.cuda.get_device_properties`` -> an H100/H200-like
-  record (major 9): Megatron's validate_args asks under ``--moe-grouped-gemm`` (arguments.py lines 851-853)
-  and ``megatron.training.utils.get_device_arch_version`` asks for the architecture. The cluster's GPU is
-  Hopper; a real launch asks the real device.
+* ``torch.cuda.get_device_capability`` -> (9, 0) and ``torch.cuda.get_device_properties`` -> an H200-like
+  record (major 9), or (10, 0) and a B200-like record for a Blackwell launch (``DEVICES``): Megatron's
+  validate_args asks under ``--moe-grouped-gemm`` (arguments.py lines 851-853) and
+  ``megatron.training.utils.get_device_arch_version`` asks for the architecture (arguments.py line 927). A real
+  launch asks the real device.
 * Modules the training image has and this machine may not, imported by slime at module level but used only
   by SGLang rollouts or logging: ``sglang.srt.server_args`` (ServerArgs), ``sglang_router.launch_router``
   (RouterArgs; both used by ``sglang_parse_args``, which slime skips under ``--debug-train-only``,
@@ -39,7 +48,9 @@ the path a ``--debug-train-only`` launch takes through argument parsing, or answ
   lists it.
 * ``megatron.core.utils.get_te_version`` -> 2.16.1, slime's image's Transformer Engine (docker/Dockerfile line 60),
   when Transformer Engine is not installed here: validate_args compares it (fine-grained activation offloading
-  with TE >= 2.10 asserts ``NVTE_CPU_OFFLOAD_V1=1``, arguments.py lines 1245-1250).
+  with TE >= 2.10 asserts ``NVTE_CPU_OFFLOAD_V1=1``, arguments.py lines 1245-1250); and, without TE, the TE
+  kernels whose presence ``TransformerConfig.__post_init__`` checks (fused RoPE, fused MoE permutation:
+  ``TE_KERNELS``) are functions that are never called.
 * Megatron's ``megatron.core.transformer.custom_layers.batch_invariant_kernels`` (Triton GPU kernels, imported
   by ``megatron.training.initialize``): a stand-in only when ``triton`` is not importable (CPU PyTorch).
 * ``argparse.ArgumentParser.parse_known_args`` is wrapped to record the parser and the arguments it left
@@ -78,20 +89,29 @@ if str(ROOT) not in sys.path:
 
 from attune.api.tune import tune  # noqa: E402
 from attune.errors import AttuneError  # noqa: E402
+from attune.recipe.io import load_recipe_model  # noqa: E402
 from attune.runners.ray.cluster import parse_cluster_config  # noqa: E402
 from attune.runners.slime.launch import ShellText, command_for_recipe, slime_command  # noqa: E402
 from attune.spec.baselines import baseline_layout  # noqa: E402
 from attune.spec.engine import get_engine  # noqa: E402
-from attune.spec.hardware import parse_cluster  # noqa: E402
-from attune.spec.layout import Workload  # noqa: E402
+from attune.spec.hardware import GPUS, parse_cluster  # noqa: E402
+from attune.spec.layout import Layout, Workload  # noqa: E402
 from attune.spec.model import bundled_names, load_model  # noqa: E402
-from attune.spec.precision import fields_for  # noqa: E402
+from attune.spec.precision import LOW_PRECISION, fields_for, hardware_refusal  # noqa: E402
+from attune.spec.rules import check  # noqa: E402
 
 # The pinned commits attune's flag table describes (attune/spec/megatron_flags.yaml `describes`).
 SLIME_COMMIT, MEGATRON_COMMIT = "624b824a", "1dcf0daf"
-# A Hopper GPU as torch.cuda reports it (H200: 141 GiB, 132 SMs; compute capability 9.0).
-HOPPER = types.SimpleNamespace(major=9, minor=0, name="NVIDIA H200", total_memory=143_771_287_552,
-                               multi_processor_count=132)
+# The cluster's GPU as torch.cuda reports it, per architecture: compute capability 9.0 (Hopper, H200: 132 SMs) or
+# 10.0 (Blackwell, B200: 148 SMs, NVIDIA Blackwell datasheet); memory from attune's GPU table. Hopper clusters
+# check bf16 and fp8 launches; a Blackwell one (B200) the microscaling formats Hopper lacks (--precision mxfp8).
+DEVICES = {
+    "hopper": types.SimpleNamespace(major=9, minor=0, name="NVIDIA H200", total_memory=GPUS["H200"].memory_bytes,
+                                    multi_processor_count=132),
+    "blackwell": types.SimpleNamespace(major=10, minor=0, name="NVIDIA B200", total_memory=GPUS["B200"].memory_bytes,
+                                       multi_processor_count=148)}
+GPU_OF_ARCH = {"hopper": "H200", "blackwell": "B200"}
+_DEVICE = [DEVICES["hopper"]]  # what the torch.cuda stand-ins answer for the launch being checked
 # Bytes per parameter the cluster must hold (bf16 weights and grads, fp32 master and Adam moments = 18, plus
 # activations), and the usable memory per GPU, for sizing the cluster (cluster_for).
 BYTES_PER_PARAM = 20
@@ -100,6 +120,14 @@ USABLE_BYTES_PER_GPU = 100e9
 # what megatron.core.utils.get_te_version answers when TE is not installed here (validate_args compares it).
 SLIME_TE_VERSION = "2.16.1"
 STAND_IN_MODULES = ("sglang.srt.server_args", "sglang_router.launch_router", "wandb", "httpx")
+# Transformer Engine kernels whose presence TransformerConfig.__post_init__ checks (megatron-core 1dcf0daf
+# transformer_config.py lines 1573-1581: fused RoPE under --apply-rope-fusion; lines 1863-1879: fused permutation
+# under --moe-permute-fusion); None here without TE, present in slime's image (TE 2.16.1). Never called.
+TE_KERNELS = {"megatron.core.models.common.embeddings.rope_utils": ("fused_apply_rotary_pos_emb",
+                                                                   "fused_apply_rotary_pos_emb_thd"),
+              "megatron.core.transformer.moe.moe_utils": ("fused_permute", "fused_permute_with_probs",
+                                                          "fused_sort_chunks_by_index",
+                                                          "fused_sort_chunks_by_index_with_probs", "fused_unpermute")}
 TRITON_KERNELS = "megatron.core.transformer.custom_layers.batch_invariant_kernels"
 _ARGPARSE_ERROR_RE = re.compile(r"error: argument (--[\w-]+)")
 
@@ -159,6 +187,13 @@ def _importable(name: str) -> bool:
         return False
 
 
+def _te_kernel(name: str):
+    def kernel(*a, **k):
+        raise RuntimeError(f"{name}: a stand-in for a Transformer Engine kernel; it is never called here")
+    kernel.__name__ = name
+    return kernel
+
+
 _PARSE_LOG: list[tuple[argparse.ArgumentParser, list[str], dict]] = []
 
 
@@ -192,8 +227,8 @@ def load_real_parsers(slime_dir: Path, megatron_dir: Path) -> tuple[types.Module
         del sys.modules[name]  # an installed megatron-core must not shadow the checkout
     import torch
 
-    torch.cuda.get_device_capability = lambda *a, **k: (HOPPER.major, HOPPER.minor)
-    torch.cuda.get_device_properties = lambda *a, **k: HOPPER
+    torch.cuda.get_device_capability = lambda *a, **k: (_DEVICE[0].major, _DEVICE[0].minor)
+    torch.cuda.get_device_properties = lambda *a, **k: _DEVICE[0]
     stood_in = []
     for name in STAND_IN_MODULES:
         if not _importable(name):
@@ -208,6 +243,12 @@ def load_real_parsers(slime_dir: Path, megatron_dir: Path) -> tuple[types.Module
 
         importlib.import_module("megatron.core.utils").get_te_version = lambda: Version(SLIME_TE_VERSION)
         stood_in.append(f"transformer_engine version {SLIME_TE_VERSION} (get_te_version)")
+        for mod, names in TE_KERNELS.items():
+            m = importlib.import_module(mod)
+            for n in names:
+                if getattr(m, n, None) is None:
+                    setattr(m, n, _te_kernel(n))
+        stood_in.append("Transformer Engine kernels (fused RoPE, fused MoE permutation: present, never called)")
     logging.getLogger().setLevel(logging.WARNING)
     warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed" and the like, on CPU
     with contextlib.redirect_stdout(io.StringIO()):  # stderr stays a real file: Megatron calls faulthandler.enable()
@@ -223,8 +264,9 @@ def load_real_parsers(slime_dir: Path, megatron_dir: Path) -> tuple[types.Module
 @dataclass
 class Launch:
     model: str
-    kind: str  # baseline | fp8-blockwise | winner
+    kind: str  # baseline | winner | a precision recipe (fp8-blockwise, mxfp8, ...) | overlap
     gpus: str
+    arch: str = "hopper"  # the cluster GPU's architecture (DEVICES): what torch.cuda answers while it is checked
     layout: str = ""
     flags: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
@@ -239,22 +281,38 @@ class Verdict:
     unknown: list[str] = field(default_factory=list)
     rewritten: list[str] = field(default_factory=list)
     failure: str = ""
+    config: str = ""  # the TransformerConfig class built from the validated arguments ("" when not reached)
 
     def row(self) -> dict:
         L = self.launch
         return {"model": L.model, "kind": L.kind, "gpus": L.gpus, "layout": L.layout, "ok": self.ok,
                 "flags": len(L.flags), "rejected": self.rejected, "unknown": self.unknown,
-                "rewritten": self.rewritten, "failure": self.failure or L.error, "argv": L.flags}
+                "rewritten": self.rewritten, "config": self.config, "failure": self.failure or L.error,
+                "argv": L.flags, "env": L.env}
 
 
-def cluster_for(model) -> str:
-    """The smallest cluster of 8-GPU H200 nodes (1, 2, 4, ... 32) holding the model's training state at
-    BYTES_PER_PARAM bytes per parameter in USABLE_BYTES_PER_GPU per GPU."""
+def cluster_for(model, gpu: str = "H200") -> str:
+    """The smallest cluster of 8-GPU nodes of `gpu` (1, 2, 4, ... 32) holding the model's training state at
+    BYTES_PER_PARAM bytes per parameter in USABLE_BYTES_PER_GPU per GPU (the same node count for every GPU type)."""
     need = model.total_params * BYTES_PER_PARAM / USABLE_BYTES_PER_GPU
     nodes = 1
     while nodes * 8 < need and nodes < 32:
         nodes *= 2
-    return "8xH200" if nodes == 1 else f"{nodes}x8xH200"
+    return f"8x{gpu}" if nodes == 1 else f"{nodes}x8x{gpu}"
+
+
+def workload_for(model) -> Workload:
+    """attune's default workload (8,192-token rows), in rows no longer than the positions of a model with learned
+    positions (GPT-2: 1,024, GPT-3: 2,048), where attune refuses longer rows."""
+    if model.positions == "learned" and Workload().seq_length > model.max_positions:
+        return Workload(seq_length=model.max_positions)
+    return Workload()
+
+
+def precision_arch(recipe: str) -> str:
+    """The architecture a precision recipe is checked on: Hopper where it runs there (bf16, fp8 delayed,
+    tensorwise, blockwise), else Blackwell (mxfp8, nvfp4; attune.spec.precision.hardware_refusal)."""
+    return "hopper" if hardware_refusal(Layout(**fields_for(recipe)), "hopper") is None else "blackwell"
 
 
 REMOTE_CONFIG_MODULE = "configuration_remote"
@@ -300,51 +358,100 @@ def _from_command(L: Launch, cmd) -> Launch:
     return L
 
 
-def build_launches(name: str, root: Path, winner: bool) -> list[Launch]:
-    """The model's baseline, its fp8-blockwise variant and (optionally) predicted-winner slime launches, as attune
-    emits them."""
-    model = load_model(name)
-    gpus = cluster_for(model)
+def _cluster_file(root: Path, name: str, gpus: str):
     cl = parse_cluster(gpus)
-    cfg = parse_cluster_config({"ray": {"address": "http://127.0.0.1:8265"}, "nodes": cl.nodes,
-                                "gpus_per_node": cl.gpus_per_node, "gpu_type": "H200", "nvlink": 18,
-                                "python": "python3", "paths": _paths(root, name)}, f"{name}-cluster.yaml")
+    return cl, parse_cluster_config({"ray": {"address": "http://127.0.0.1:8265"}, "nodes": cl.nodes,
+                                     "gpus_per_node": cl.gpus_per_node, "gpu_type": cl.type_key, "nvlink": 18,
+                                     "python": "python3", "paths": _paths(root, name)}, f"{name}-cluster.yaml")
+
+
+def _no_launch(e: AttuneError) -> str:
+    return f"attune emits no launch: {' '.join(str(e).split())}"
+
+
+def build_launches(name: str, root: Path, winner: bool, precisions: tuple[str, ...] = (),
+                   overlap: bool = False) -> list[Launch]:
+    """The model's slime launches, as attune emits them: its baseline; (winner) the predicted winner of
+    ``attune tune``; per precision recipe, the low-precision best of ``attune tune --allow-numerics RECIPE`` on a
+    cluster of the same size whose GPUs run it (``precision_arch``); (overlap, MoE models) a layout with
+    ``--overlap-moe-expert-parallel-comm``: the winner's or else the baseline's, switched on where attune's
+    rules allow it (``overlap_layout``)."""
+    model = load_model(name)
+    gpus, work = cluster_for(model), workload_for(model)
+    cl, cfg = _cluster_file(root, name, gpus)
     out = []
     L = Launch(name, "baseline", gpus)
+    base = win = None
     try:
-        lay, _ = baseline_layout(model, cl, Workload(), get_engine("slime"))
-        L.layout = lay.label()
-        _from_command(L, slime_command(model, cl, lay, Workload(), cluster_cfg=cfg))
+        base, _ = baseline_layout(model, cl, work, get_engine("slime"))
+        L.layout = base.label()
+        _from_command(L, slime_command(model, cl, base, work, cluster_cfg=cfg))
     except AttuneError as e:
-        L.error = f"attune emits no launch: {' '.join(str(e).split())}"
+        L.error = _no_launch(e)
     out.append(L)
-    if not L.error:  # the baseline with slime's documented fp8 recipe (issue 22)
-        out.append(_low_precision_launch(name, gpus, model, cl, lay, cfg))
-    if winner and not L.error:
+    if L.error:
+        return out
+    if winner:
         W = Launch(name, "winner", gpus)
         try:
             with tempfile.TemporaryDirectory() as t, contextlib.redirect_stdout(io.StringIO()):
-                res = tune(model=name, gpus=gpus, out=Path(t) / "study", verify=False)
-            W.layout = res.outcome.best.to_layout().label()
+                res = tune(model=name, gpus=gpus, out=Path(t) / "study", verify=False, seq=work.seq_length)
+            win = res.outcome.best.to_layout()
+            W.layout = win.label()
             _from_command(W, command_for_recipe(res.recipe, cfg))
         except AttuneError as e:
-            W.error = f"attune emits no launch: {' '.join(str(e).split())}"
+            W.error = _no_launch(e)
         out.append(W)
+    for r in precisions:
+        arch = precision_arch(r)
+        P = Launch(name, r, cluster_for(model, GPU_OF_ARCH[arch]), arch=arch)
+        try:
+            pcl, pcfg = _cluster_file(root, name, P.gpus)
+            with tempfile.TemporaryDirectory() as t, contextlib.redirect_stdout(io.StringIO()):
+                res = tune(model=name, gpus=P.gpus, out=Path(t) / "study", verify=False, allow_numerics=[r],
+                           seq=work.seq_length)
+                if res.low_precision_recipe_path is None:
+                    raise CheckError(f"no {r} layout fits {P.gpus} ({'; '.join(res.low_precision.refused) or 'memory'})"
+                                     if res.low_precision is not None else f"attune tune priced no {r} layout")
+                recipe = load_recipe_model(res.low_precision_recipe_path)
+            P.layout = res.low_precision.low.layout.label()
+            _from_command(P, command_for_recipe(recipe, pcfg))
+        except AttuneError as e:
+            P.error = _no_launch(e)
+        out.append(P)
+    if overlap and model.moe is not None:
+        O = Launch(name, "overlap", gpus)
+        try:
+            lay = overlap_layout(model, cl, [x for x in (win, base) if x is not None])
+            O.layout = lay.label()
+            _from_command(O, slime_command(model, cl, lay, work, cluster_cfg=cfg))
+        except AttuneError as e:
+            O.error = _no_launch(e)
+        out.append(O)
     return out
 
 
-def _low_precision_launch(name: str, gpus: str, model, cl, lay, cfg) -> Launch:
-    """The baseline layout with slime's fp8 recipe: --fp8-format e4m3 --fp8-recipe blockwise, --fp8-param-gather
-    where the layout allows it (not with CPU Adam), NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1 (slime 624b824a
-    docs/en/advanced/low-precision.md lines 62-70)."""
-    F = Launch(name, "fp8-blockwise", gpus)
-    try:
-        fp8 = replace(lay, **fields_for("fp8-blockwise", param_gather=not lay.optimizer_cpu_offload))
-        F.layout = fp8.label()
-        _from_command(F, slime_command(model, cl, fp8, Workload(), cluster_cfg=cfg))
-    except AttuneError as e:
-        F.error = f"attune emits no launch: {' '.join(str(e).split())}"
-    return F
+def overlap_layout(model, cluster, layouts: list[Layout]) -> Layout:
+    """The first of `layouts` with ``moe_ep_overlap`` switched on that attune's rules accept for slime (EP > 1,
+    alltoall or flex, VPP with PP > 1, no full recompute: attune.spec.moe.ep_overlap_rules); where full recompute,
+    the allgather dispatcher or a pipeline without virtual stages stands in the way, the same layout with selective
+    recompute, the alltoall dispatcher and 2, 3 or 4 virtual stages. A CheckError naming each try's reasons
+    otherwise."""
+    why = []
+    for lay in layouts:
+        tries = [replace(lay, moe_ep_overlap=True)]
+        if lay.recompute_granularity == "full" or lay.moe_dispatcher not in ("alltoall", "flex"):
+            tries.append(replace(tries[0], moe_dispatcher=lay.moe_dispatcher if lay.moe_dispatcher == "flex" else "alltoall",
+                                 **({"recompute_granularity": "selective", "recompute_method": None,
+                                     "recompute_num_layers": None} if lay.recompute_granularity == "full" else {})))
+        if lay.pp > 1 and lay.vpp <= 1:  # PP > 1 needs virtual stages: the fewest that attune's rules accept
+            tries += [replace(t, vpp=v) for t in list(tries) for v in (2, 3, 4)]
+        for o in tries:
+            errs = check(o, model, cluster.world_size, Workload(), get_engine("slime"))
+            if not errs:
+                return o
+            why.append(f"{o.label()}: {'; '.join(errs)}")
+    raise CheckError("no layout of attune's takes --overlap-moe-expert-parallel-comm: " + " | ".join(why))
 
 
 # ------------------------------------------------------------------------------------------- checking
@@ -354,19 +461,27 @@ def _dest_of(parser: argparse.ArgumentParser, flag: str) -> str | None:
 
 
 def check_launch(sargs: types.ModuleType, L: Launch) -> Verdict:
-    """Run slime's parse_args on the launch as train_async.py does; compare what Megatron's parser read with
-    the values after validation."""
+    """Run slime's parse_args on the launch as train_async.py does, then build Megatron's TransformerConfig from
+    the validated arguments as slime's model provider does first (slime/backends/megatron_utils/model_provider.py
+    line 134: ``core_transformer_config_from_args(args)``; its ``__post_init__`` holds the layout rules of MoE
+    overlap, recompute and fp8); compare what Megatron's parser read with the values after validation."""
     if L.error:
         return Verdict(L, ok=False)
     saved_env = dict(os.environ)
     os.environ.update(L.env)
     sys.argv = ["train_async.py"] + L.flags
+    _DEVICE[0] = DEVICES[L.arch]
     err = io.StringIO()
     _PARSE_LOG.clear()
     v = Verdict(L, ok=True)
+    stage = "validation"
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-            final = vars(sargs.parse_args())
+            ns = sargs.parse_args()
+            final = dict(vars(ns))
+            stage = "TransformerConfig"
+            v.config = type(importlib.import_module("megatron.training.arguments")
+                            .core_transformer_config_from_args(ns)).__name__
     except SystemExit as e:
         text = " ".join(err.getvalue().split())
         v.ok = False
@@ -375,7 +490,7 @@ def check_launch(sargs: types.ModuleType, L: Launch) -> Verdict:
         return v
     except Exception as e:  # noqa: BLE001 - any failure of the real validation is the finding
         v.ok = False
-        v.failure = f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"
+        v.failure = f"{stage}: {type(e).__name__}: {' '.join(str(e).split())[:400]}"
         return v
     finally:
         os.environ.clear()
@@ -406,21 +521,20 @@ def check_launch(sargs: types.ModuleType, L: Launch) -> Verdict:
 
 # ------------------------------------------------------------------------------------------- report
 def table(verdicts: list[Verdict]) -> str:
-    lines = ["| model | launch | GPUs | layout | flags | result | rejected / unknown | rewritten by validation |",
-             "|---|---|---|---|---|---|---|---|"]
+    """One markdown row per launch: flags (words of argv), rejected or unknown flags, flags rewritten by validation,
+    the validation result (slime's validate_args, then Megatron's TransformerConfig) and PASS / FAIL."""
+    lines = ["| model | launch | GPUs | layout | flags | rejected / unknown | rewritten by validation | "
+             "validate_args, TransformerConfig | result |", "|---|---|---|---|---|---|---|---|---|"]
     for v in verdicts:
         L = v.launch
+        bad = ", ".join(v.rejected + [f"{u} (unknown)" for u in v.unknown]) or "-"
         if L.error:
-            res = "no launch"
+            res, valid = "no launch", L.error[:200]
         else:
             res = "PASS" if v.ok else "FAIL"
-        bad = ", ".join(v.rejected + [f"{u} (unknown)" for u in v.unknown]) or "-"
-        if v.failure and not v.rejected:
-            bad = (bad if bad != "-" else "") + (" " if bad != "-" else "") + v.failure[:160]
-        if L.error:
-            bad = L.error[:160]
-        lines.append(f"| {L.model} | {L.kind} | {L.gpus} | {L.layout or '-'} | {len(L.flags)} | {res} | {bad} | "
-                     f"{'; '.join(v.rewritten) or '-'} |")
+            valid = f"ok ({v.config})" if v.config and not v.failure else (v.failure[:200] or "-")
+        lines.append(f"| {L.model} | {L.kind} | {L.gpus} | {L.layout or '-'} | {len(L.flags)} | {bad} | "
+                     f"{'; '.join(v.rewritten) or '-'} | {valid.replace('|', '/')} | {res} |")
     return "\n".join(lines)
 
 
@@ -431,6 +545,11 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"Megatron-LM checkout at {MEGATRON_COMMIT} with slime's megatron*.patch applied")
     ap.add_argument("--models", nargs="*", default=None, help="bundled model names (default: all)")
     ap.add_argument("--no-winner", action="store_true", help="check the baselines only (no attune tune)")
+    ap.add_argument("--precision", action="append", default=[], metavar="RECIPE",
+                    help=f"also the low-precision best of attune tune --allow-numerics RECIPE (one of "
+                         f"{', '.join(LOW_PRECISION)}; fp8 on H200, mxfp8 and nvfp4 on B200); repeatable")
+    ap.add_argument("--overlap", action="store_true",
+                    help="also, for MoE models, a layout with --overlap-moe-expert-parallel-comm")
     ap.add_argument("--json", type=Path, default=None, help="also write every launch's argv and verdict here")
     a = ap.parse_args(argv)
     names = a.models or bundled_names()
@@ -438,6 +557,9 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [n for n in names if n not in bundled_names()]
         if unknown:
             raise CheckError(f"unknown model(s) {', '.join(unknown)}; allowed: {', '.join(bundled_names())}")
+        bad = [r for r in a.precision if r not in LOW_PRECISION]
+        if bad:
+            raise CheckError(f"--precision {', '.join(bad)}: allowed {', '.join(LOW_PRECISION)}")
         sargs, stood_in = load_real_parsers(a.slime, a.megatron)
     except AttuneError as e:
         print(f"check_launches: error: {e}", file=sys.stderr)
@@ -445,18 +567,19 @@ def main(argv: list[str] | None = None) -> int:
     verdicts = []
     with tempfile.TemporaryDirectory(prefix="attune-check-launches-") as t:
         for name in names:
-            for L in build_launches(name, Path(t), winner=not a.no_winner):
+            for L in build_launches(name, Path(t), winner=not a.no_winner, precisions=tuple(a.precision),
+                                    overlap=a.overlap):
                 v = check_launch(sargs, L)
                 verdicts.append(v)
                 print(f"{name} {L.kind}: {'no launch' if L.error else 'PASS' if v.ok else 'FAIL'}", file=sys.stderr)
+            if a.json:  # after every model: a long run that is stopped keeps what it checked
+                a.json.write_text(json.dumps([v.row() for v in verdicts], indent=1))
     print(f"slime {a.slime} and Megatron-LM {a.megatron}; stand-in modules: {', '.join(stood_in) or 'none'}\n")
     print(table(verdicts))
-    if a.json:
-        a.json.write_text(json.dumps([v.row() for v in verdicts], indent=1))
     emitted = [v for v in verdicts if not v.launch.error]
     failed = [v for v in emitted if not v.ok]
     print(f"\n{len(emitted)} launches checked, {len(failed)} failed; "
-          f"{len(verdicts) - len(emitted)} models without a slime launch")
+          f"{len(verdicts) - len(emitted)} launches attune does not emit")
     return 1 if failed else 0
 
 

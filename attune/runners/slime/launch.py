@@ -377,6 +377,11 @@ def _data_flags(model: ModelSpec, paths: dict[str, str], workload: Workload, ste
              "--loss-type", "sft_loss"]
     # no --loss-mask-type: only slime's own SFT rollout reads it (the flag table's no_effect); attune's rollout
     # replays the loss mask stored with each row (attune data build --tokenizer ... records its type)
+    if model.positions == "learned":
+        # slime's placeholder seq_length is 4096 (slime/backends/megatron_utils/arguments.py lines 164-165) and
+        # Megatron-LM's validate_args asserts max_position_embeddings >= seq_length (arguments.py lines 828-831): a
+        # learned position table shorter than that (GPT-2 1,024, GPT-3 2,048) needs the row length named
+        flags += ["--seq-length", str(workload.seq_length)]
     return flags + ["--calculate-per-token-loss", "--disable-compute-advantages-and-returns", "--debug-train-only"]
 
 

@@ -71,6 +71,19 @@ SLIME_MODEL_ARGS = {
         --multi-latent-attention --q-lora-rank 2048 --kv-lora-rank 512 --qk-head-dim 192 --v-head-dim 256
         --kv-channels 192 --qk-pos-emb-head-dim 64 --vocab-size 154880 --rotary-base 1000000 --enable-experimental
         --allgather-cp"""),
+    # GLM-5's MODEL_ARGS but --rotary-base 8000000; the index-sharing schedule is read from the HF config
+    "GLM-5.2-744B-A40B": ("glm5.2-744B-A40B.sh", """
+        --spec slime_plugins.models.glm5.glm5 get_glm5_spec --moe-layer-freq [0]*3+[1]*75 --num-experts 256
+        --moe-shared-expert-intermediate-size 2048 --moe-router-topk 8 --moe-grouped-gemm --moe-permute-fusion
+        --moe-ffn-hidden-size 2048 --moe-router-score-function sigmoid --moe-router-pre-softmax
+        --moe-router-enable-expert-bias --moe-router-bias-update-rate 0 --moe-router-load-balancing-type seq_aux_loss
+        --moe-router-topk-scaling-factor 2.5 --moe-aux-loss-coeff 0 --moe-router-dtype fp32
+        --make-vocab-size-divisible-by 16 --num-layers 78 --hidden-size 6144 --ffn-hidden-size 12288
+        --num-attention-heads 64 --disable-bias-linear --swiglu --untie-embeddings-and-output-weights
+        --position-embedding-type rope --no-position-embedding --normalization RMSNorm --qk-layernorm
+        --multi-latent-attention --q-lora-rank 2048 --kv-lora-rank 512 --qk-head-dim 192 --v-head-dim 256
+        --kv-channels 192 --qk-pos-emb-head-dim 64 --vocab-size 154880 --rotary-base 8000000 --enable-experimental
+        --allgather-cp"""),
     "MiniMax-M2": ("minimax-m2.sh", """
         --spec slime_plugins.models.minimax_m2 get_minimax_m2_layer_spec --disable-bias-linear --num-layers 62
         --hidden-size 3072 --ffn-hidden-size 1536 --num-attention-heads 48 --kv-channels 128 --num-query-groups 8
@@ -400,7 +413,7 @@ SLIME_SCRIPTS = {
     "deepseek-v3.sh": "DeepSeek-V3", "glm4-32B.sh": "GLM-4-32B", "glm4-9B.sh": "GLM-4-9B",
     "glm4.5-106B-A12B.sh": "GLM-4.5-Air", "glm4.5-355B-A32B.sh": "GLM-4.5-355B-A32B",
     "glm4.7-30B-A3B.sh": "GLM-4.7-30B-A3B", "glm5-744B-A40B.sh": "GLM-5-744B-A40B",
-    "glm5.2-744B-A40B.sh": None,  # cross-layer DSA index sharing: not expressible (attune/spec/families/glm_moe_dsa.py)
+    "glm5.2-744B-A40B.sh": "GLM-5.2-744B-A40B",
     "kimi-k2-thinking.sh": "Kimi-K2-Thinking", "kimi-k2.sh": "Kimi-K2",
     "llama3.1-8B-Instruct.sh": "Llama-3.1-8B", "llama3.2-3B-Instruct-amd.sh": "Llama-3.2-3B",
     "llama3.2-3B-Instruct.sh": "Llama-3.2-3B", "mimo-7B-rl.sh": "MiMo-7B", "minimax-m2.sh": "MiniMax-M2",

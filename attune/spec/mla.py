@@ -45,6 +45,12 @@ class MLASpec:
     priced (the estimator prices MLA over the whole causal context)."""
     index_head_dim: int = 0
     """The indexer's head width (GLM-5 ``index_head_dim``)."""
+    index_topk_freq: int = 1
+    """DSA cross-layer index sharing (GLM-5.2 HF ``index_topk_freq``): 1, every layer runs its indexer (GLM-5);
+    above 1, only the computing layers do (``computes_index``) and the others reuse the most recent computing
+    layer's top-k and carry no indexer weights."""
+    index_skip_topk_offset: int = 0
+    """The sharing schedule's offset (HF ``index_skip_topk_offset``; read only when ``index_topk_freq`` > 1)."""
 
     def __post_init__(self) -> None:
         if self.q_lora_rank < 0:
@@ -52,6 +58,21 @@ class MLASpec:
         for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             if getattr(self, k) < 1:
                 raise ModelError(f"MLA {k} must be >= 1 (got {getattr(self, k)})")
+        if self.index_topk_freq < 1 or self.index_skip_topk_offset < 0:
+            raise ModelError(f"MLA index_topk_freq must be >= 1 and index_skip_topk_offset >= 0 (got "
+                             f"{self.index_topk_freq}, {self.index_skip_topk_offset})")
+
+    def computes_index(self, i: int) -> bool:
+        """Whether decoder layer ``i`` (0-indexed; ``num_layers`` is the MTP layer) runs its own DSA indexer.
+        transformers 5.24 ``GlmMoeDsaConfig.__post_init__`` (configuration_glm_moe_dsa.py): ``indexer_types[i]`` is
+        "full" when ``max(i - offset + 1, 0) % freq == 0``, else "shared" (``GlmMoeDsaAttention``: no ``indexer``
+        module); slime 624b824a slime_plugins/models/glm5/glm5.py lines 264-271 ``is_skip_topk_layer`` is the
+        same rule on Megatron's 1-indexed layer numbers (``max(L - offset, 0) % freq != 0``: skip) and lines
+        727-734 drop the indexer modules of a skip layer. GLM-5.2 (freq 4, offset 3): layers 1, 2, 3, 7, 11, ...,
+        75 (1-indexed) compute, 21 of 78; the MTP layer (Megatron layer number 79) computes."""
+        if not self.index_heads or self.index_topk_freq == 1:
+            return True
+        return max(i - self.index_skip_topk_offset + 1, 0) % self.index_topk_freq == 0
 
     @property
     def qk_head_dim(self) -> int:
@@ -85,18 +106,19 @@ class MLASpec:
         return (self.q_lora_rank * self.index_heads * self.index_head_dim + hidden * self.index_head_dim
                 + hidden * self.index_heads)
 
-    def matrix(self, hidden: int, heads: int) -> int:
-        """Every MLA weight matrix of one layer (the sparse-attention indexer's included)."""
+    def matrix(self, hidden: int, heads: int, indexer: bool = True) -> int:
+        """Every MLA weight matrix of one layer (the sparse-attention indexer's included unless ``indexer`` is
+        False: a layer that reuses an earlier layer's indices)."""
         return (self.q_down(hidden) + self.q_up(hidden, heads) + self.kv_down(hidden) + self.kv_up(heads)
-                + self.out(hidden, heads) + self.indexer(hidden))
+                + self.out(hidden, heads) + (self.indexer(hidden) if indexer else 0))
 
     def replicated(self, hidden: int) -> int:
         """Of ``matrix``: the down projections, held whole by every TP rank."""
         return self.q_down(hidden) + self.kv_down(hidden)
 
-    def vectors(self) -> int:
+    def vectors(self, indexer: bool = True) -> int:
         """q_a_layernorm and kv_a_layernorm gammas, and the indexer's k_norm LayerNorm (weight and bias)."""
-        return self.q_lora_rank + self.kv_lora_rank + (2 * self.index_head_dim if self.index_heads else 0)
+        return self.q_lora_rank + self.kv_lora_rank + (2 * self.index_head_dim if self.index_heads and indexer else 0)
 
     def summary(self) -> dict:
         return {"q_lora_rank": self.q_lora_rank, "kv_lora_rank": self.kv_lora_rank,

@@ -38,12 +38,12 @@ from attune.spec import families  # noqa: F401 - registers the plug-in families 
 from attune.spec.family_registry import Family, by_hf_type, for_mlp, hf_types, moe_hf_types
 from attune.spec.family_registry import get as get_family
 from attune.spec.hfconfig import check_hf_config
-from attune.spec.layer_kinds import DENSE, FULL, LINEAR, SLIDING, is_dense_kind, mixer_of
+from attune.spec.layer_kinds import DENSE, FULL, LINEAR, SHARED_INDEX, SLIDING, is_dense_kind, mixer_of, shares_index
 from attune.spec.mla import MLASpec
 from attune.spec.moe import MoESpec
 from attune.spec.textio import read_text
 
-__all__ = ["DENSE", "FULL", "LINEAR", "SLIDING", "is_dense_kind", "mixer_of", "LayerParams", "ModelSpec",
+__all__ = ["DENSE", "FULL", "LINEAR", "SHARED_INDEX", "SLIDING", "is_dense_kind", "mixer_of", "shares_index", "LayerParams", "ModelSpec",
            "from_hf_config", "from_geometry", "load_model", "bundled_names"]
 
 MLPS = ("swiglu", "gelu", "squared_relu")
@@ -194,6 +194,8 @@ class ModelSpec:
         t = self.layer_type(i)
         if t == FULL and self.window_layers and self.window_layers[i]:
             t = SLIDING
+        if self.mla is not None and not self.mla.computes_index(i):
+            t += SHARED_INDEX
         if self.moe is not None and not self.moe.is_moe_layer(i):
             t += DENSE
         return t
@@ -243,11 +245,12 @@ class ModelSpec:
         return sum(n for k, n in self.count_kinds(start, stop) if not is_dense_kind(k))
 
     # ------------------------------------------------------------------ parameters
-    def _attention_params(self) -> tuple[int, int, int]:
+    def _attention_params(self, kind: str = FULL) -> tuple[int, int, int]:
         """(matrices, of which TP-replicated, 1-D vectors) of one softmax / latent attention block."""
         h = self.hidden
         if self.mla is not None:
-            return (self.mla.matrix(h, self.heads), self.mla.replicated(h), self.mla.vectors())
+            idx = not shares_index(kind)
+            return (self.mla.matrix(h, self.heads, idx), self.mla.replicated(h), self.mla.vectors(idx))
         q_out = self.q_dim * (2 if self.attn_output_gate else 1)  # q_proj also emits the output gate
         mixer = h * q_out + 2 * h * self.kv_dim + self.q_dim * h
         vec = 0
@@ -275,7 +278,7 @@ class ModelSpec:
 
     def _kind_params(self, kind: str) -> LayerParams:
         lin = mixer_of(kind) == LINEAR
-        mixer, rep, vec = self._gdn_params() if lin else self._attention_params()
+        mixer, rep, vec = self._gdn_params() if lin else self._attention_params(kind)
         dense = is_dense_kind(kind) or self.moe is None
         experts = (0, 0) if dense else (self.moe.routed_params(self.hidden), self.moe.active_routed_params(self.hidden))
         mlp_vec = 0 if lin and self.traits.linear_biases else self.mlp_vectors(kind)
@@ -327,8 +330,20 @@ class ModelSpec:
         main model (the HF checkpoint stores copies of them, not counted here)."""
         if not self.mtp_layers:
             return 0
-        last = self.layer(self.num_layers - 1).total
+        last = self.kind_params(self.mtp_kind).total
         return self.mtp_layers * (2 * self.norm_vectors + 2 * self.hidden * self.hidden + last + self.norm_vectors)
+
+    @property
+    def mtp_kind(self) -> str:
+        """The layer kind of a multi-token-prediction layer: the main model's last layer's (megatron-core builds the
+        MTP block's transformer layer from the decoder's last layer spec), running its own DSA indexer when the
+        sharing schedule says so at layer ``num_layers`` (megatron-core 1dcf0daf multi_token_prediction.py lines
+        620 and 663-670 give its transformer layer the number ``num_layers + 1``; transformers' checkpoint index is
+        ``num_layers``)."""
+        k = self.layer_kind(self.num_layers - 1)
+        if shares_index(k) and self.mla is not None and self.mla.computes_index(self.num_layers):
+            k = k.replace(SHARED_INDEX, "")
+        return k
 
     def layer_norm_vectors(self) -> int:
         """The decoder layer's norms: before attention and MLP, plus after each with ``sandwich_norm`` (GLM-4)."""

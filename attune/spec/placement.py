@@ -160,7 +160,7 @@ def stage_params(model: ModelSpec, layout: Layout, rank: int,
 def mtp_kind(model: ModelSpec) -> str:
     """The layer kind of a multi-token-prediction layer: the main model's last layer's (megatron-core builds the
     MTP block's transformer layer from the decoder's last layer spec)."""
-    return model.layer_kind(model.num_layers - 1)
+    return model.mtp_kind
 
 
 def mtp_layer_params(model: ModelSpec, layout: Layout, per_layer: Callable[[str], float] | None = None) -> float:
@@ -172,7 +172,7 @@ def mtp_layer_params(model: ModelSpec, layout: Layout, per_layer: Callable[[str]
     ``ModelSpec.mtp_params`` / ``mtp_layers`` each)."""
     h = model.hidden
     if per_layer is None:
-        return model.layer(model.num_layers - 1).total + 2 * h * h + 3 * model.norm_vectors
+        return model.kind_params(model.mtp_kind).total + 2 * h * h + 3 * model.norm_vectors
     return per_layer(mtp_kind(model)) + 2 * h * h / layout.tp + 3 * model.norm_vectors
 
 

@@ -16,9 +16,16 @@ the indexer's is missing; GEMMs, MoE and communication are priced as for any MLA
 
 slime's MODEL_ARGS: scripts/models/glm5-744B-A40B.sh at 624b824a, in its order (the layout writes
 ``--moe-grouped-gemm`` and ``--moe-permute-fusion``). ``--allgather-cp`` is slime's CP layout for DSA models
-(slime/backends/megatron_utils/arguments.py ``_validate_allgather_cp_supported``). GLM-5.2 (glm5.2-744B-A40B.sh)
-shares indexer results across layers (``index_topk_freq``): its indexer sits on some layers only, which this
-family does not express; it is not bundled.
+(slime/backends/megatron_utils/arguments.py ``_validate_allgather_cp_supported``).
+
+GLM-5.2 (glm5.2-744B-A40B.sh, the same MODEL_ARGS but ``--rotary-base 8000000``) shares the indexer's top-k across
+layers: the config's ``index_topk_freq`` / ``index_skip_topk_offset`` (both required when the frequency is above
+1: transformers defaults the offset to 2, slime's provider to 0) give the computing layers
+(``attune.spec.mla.MLASpec.computes_index``); the others are layer kind ``SHARED_INDEX`` and carry no indexer
+weights, so the parameters, weight / gradient / optimizer memory and the DP gradient traffic count the indexer on
+computing layers only. The indexer's own scoring is priced on no layer (see above), so computing and sharing
+layers cost the same time and activation memory. slime's provider (slime_plugins/models/glm5/glm5.py lines
+1023-1047) refuses a (virtual) pipeline stage that starts on a sharing layer: ``attune.spec.rules.check``.
 """
 
 from __future__ import annotations
@@ -34,13 +41,16 @@ NAME = "glm_moe_dsa"
 
 
 def read(cfg: dict, where: str) -> dict:
-    if int(cfg.get("index_topk_freq") or 1) > 1:
-        raise ModelError(f"{where}: cross-layer index sharing (index_topk_freq > 1, GLM-5.2) is not modelled; "
-                         f"allowed: an indexer on every layer (GLM-5)")
+    if cfg.get("indexer_types") is not None or cfg.get("index_topk_pattern") is not None:
+        raise ModelError(f"{where}: an explicit indexer_types / index_topk_pattern is not read; allowed: the "
+                         f"index_topk_freq / index_skip_topk_offset schedule (GLM-5.2) or none (GLM-5)")
+    freq = int(cfg.get("index_topk_freq") or 1)
+    offset = int(need(cfg, "index_skip_topk_offset", where)) if freq > 1 else 0
     fields = glm4_moe_lite.read(cfg, where)
     fields["moe"] = replace(fields["moe"], family=NAME)
     fields["mla"] = replace(fields["mla"], index_heads=int(need(cfg, "index_n_heads", where)),
-                            index_head_dim=int(need(cfg, "index_head_dim", where)))
+                            index_head_dim=int(need(cfg, "index_head_dim", where)), index_topk_freq=freq,
+                            index_skip_topk_offset=offset)
     return fields
 
 
@@ -62,4 +72,5 @@ def model_args(m) -> list[str]:
 
 
 FAMILY = register(Family(name=NAME, hf_types=("glm_moe_dsa",), moe_hf_types=("glm_moe_dsa",), read=read, model_args=model_args,
-                         source="transformers models/glm_moe_dsa; slime 624b824a scripts/models/glm5-744B-A40B.sh"))
+                         source="transformers models/glm_moe_dsa; slime 624b824a scripts/models/glm5-744B-A40B.sh, "
+                                "glm5.2-744B-A40B.sh"))

@@ -10,7 +10,10 @@ in its runtime flags). Written out here because the slime checkout is not availa
 
 from __future__ import annotations
 
+import json
 import shlex
+from dataclasses import replace
+from importlib import resources
 
 import pytest
 
@@ -24,6 +27,8 @@ from attune.spec.flags import known_flag, to_flags
 from attune.spec.hardware import parse_cluster
 from attune.spec.layout import Workload
 from attune.spec.model import bundled_names, from_hf_config, load_model
+from attune.spec.placement import chunk_ranges, stage_params
+from attune.spec.rules import check
 
 LAYOUT_FLAGS = ("--moe-token-dispatcher-type", "--moe-grouped-gemm", "--moe-permute-fusion")
 
@@ -171,6 +176,60 @@ def test_moe_param_counts_match_megatron_core(name):
     m = load_model(name)
     norm_gap = m.num_layers * (m.q_dim + m.kv_dim - 2 * m.head_dim) if m.qk_norm_full else 0
     assert megatron_param_count(m) + norm_gap == m.total_params - m.mtp_params
+
+
+def _transformers_counts(name: str) -> dict:
+    """The bundled config.json built by the installed transformers on the meta device (the text model only:
+    ``text_config`` where the config nests one), counted by part: input embedding, output layer, final norm and
+    each decoder layer (its parameters plus its persistent buffers, i.e. what the checkpoint stores), with the
+    persistent buffers also by name."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed: pip install transformers")
+    cfg = {k: v for k, v in json.loads(resources.files("attune.spec").joinpath(
+        "model_configs", f"{name}.json").read_text()).items() if not k.startswith("_")}
+    if "text_config" in cfg:
+        text = {"tie_word_embeddings": cfg.get("tie_word_embeddings", False), **cfg["text_config"]}
+        model_type = text.pop("model_type", cfg["model_type"] + "_text")
+    else:
+        text = dict(cfg)
+        model_type = text.pop("model_type")
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(model_type, **text))
+    persistent = set(model.state_dict())
+    tensors = dict(model.named_parameters())  # shared (tied) weights once
+    buffers = {k: b.numel() for k, b in model.named_buffers() if k in persistent}
+    sizes = {k: p.numel() for k, p in tensors.items()} | buffers
+    layers = [sum(v for k, v in sizes.items() if k.startswith(f"model.layers.{i}.")) for i in range(len(model.model.layers))]
+    return {"embedding": model.model.embed_tokens.weight.numel(),
+            "output": 0 if model.lm_head.weight is model.model.embed_tokens.weight else model.lm_head.weight.numel(),
+            "final_norm": sum(p.numel() for p in model.model.norm.parameters()), "layers": layers,
+            "buffers": buffers, "indexer": sum(v for k, v in sizes.items() if ".indexer." in k),
+            "parameters": sum(p.numel() for p in tensors.values()), "class": type(model).__name__}
+
+
+# transformers builds GLM-5 / GLM-5.2 and Qwen3.5's text models on the meta device from the bundled config.json: every
+# part equals attune's (the MTP modules aside: transformers does not build them). The only persistent buffers are the
+# MoE routers' e_score_correction_bias (transformers GlmMoeDsaTopkRouter: nn.Buffer; megatron-core 1dcf0daf
+# moe/router.py lines 163-184 register_buffer 'expert_bias' too): checkpoint tensors, not trained, which attune
+# counts in its totals (MoESpec.router_vectors) as the published checkpoint figures do.
+@pytest.mark.parametrize("name", ["GLM-5-744B-A40B", "GLM-5.2-744B-A40B", "Qwen3.5-0.8B", "Qwen3.5-4B", "Qwen3.5-9B"])
+def test_param_counts_match_transformers_meta_device(name):
+    m = load_model(name)
+    hf = _transformers_counts(name)
+    assert hf["embedding"] == m.embedding_params
+    assert hf["output"] == (0 if m.tied_embeddings else m.output_params)
+    assert hf["final_norm"] == m.final_norm_params
+    assert hf["layers"] == [m.layer(i).total for i in range(m.num_layers)]
+    experts = m.moe.experts if m.moe is not None else 0
+    assert hf["buffers"] == {f"model.layers.{i}.mlp.gate.e_score_correction_bias": experts
+                             for i in range(m.num_layers) if m.is_moe_layer(i) and m.moe.router_bias}
+    assert hf["parameters"] + sum(hf["buffers"].values()) == m.total_params - m.mtp_params
+    if m.mla is not None and m.mla.index_heads:
+        computing = [i for i in range(m.num_layers) if m.mla.computes_index(i)]
+        assert hf["indexer"] == len(computing) * (m.mla.indexer(m.hidden) + 2 * m.mla.index_head_dim)
+        # GLM-5: every layer; GLM-5.2 (index_topk_freq 4, offset 3): Megatron layers 1, 2, 3, 7, 11, ..., 75
+        assert [i + 1 for i in computing] == (list(range(1, 79)) if name.startswith("GLM-5-") else
+                                              [1, 2, 3, *range(7, 76, 4)])
 
 
 # Published totals and activated counts, billions: Z.ai GLM-4.5 model card (GLM-4.5 355B / 32B active,
@@ -435,3 +494,26 @@ def test_every_slime_model_script_is_bundled():
     for name in {n for n in SLIME_SCRIPTS.values() if n}:
         m = load_model(name)
         assert model_args(m) and m.total_params > 0
+
+
+def test_glm52_shares_the_indexer_by_stage_and_refuses_a_stage_starting_on_a_sharing_layer():
+    g5, g52 = load_model("GLM-5-744B-A40B"), load_model("GLM-5.2-744B-A40B")
+    engine, wl = get_engine("slime"), Workload()
+    lay = baseline_layout(g52, parse_cluster("32x8xH200"), wl, engine)[0]
+    assert (lay.tp, lay.pp, lay.cp, lay.ep, lay.first, lay.last) == (4, 8, 8, 32, 14, 16)  # run-glm5.2 PERF_ARGS
+    assert check(lay, g52, 256, wl, engine) == []
+    # GLM-5's split (PP 4, last stage 18: 20/20/20/18) starts stages on layers 21, 41, 61: sharing layers
+    glm5_split = replace(lay, pp=4, cp=16, first=None, last=18)
+    assert check(glm5_split, g5, 256, wl, engine) == []
+    assert any("starts on layer 21, 41, 61" in e for e in check(glm5_split, g52, 256, wl, engine))
+    # per GPU of each stage, through the layer kinds the estimator prices: GLM-5.2 holds no indexer on its sharing
+    # layers (the indexer's matrices TP-sharded, its k_norm weight and bias whole)
+    idx = g52.mla.indexer(g52.hidden) / lay.tp + 2 * g52.mla.index_head_dim
+    for r, chunks in enumerate(chunk_ranges(lay, g52.num_layers)):
+        shared = sum(not g52.mla.computes_index(i) for a, b in chunks for i in range(a, b))
+        got = [stage_params(m, lay, r, lambda k, m=m: m.kind_params(k).matrix / lay.tp + m.kind_params(k).vectors)
+               for m in (g5, g52)]
+        assert got[0] - got[1] == pytest.approx(shared * idx) and shared > 0
+    # 57 of 78 layers share; the MTP layer (Megatron layer 79) computes its own, as GLM-5's does
+    assert g52.mtp_kind == "full"
+    assert g5.total_params - g52.total_params == 57 * (g52.mla.indexer(g52.hidden) + 2 * g52.mla.index_head_dim)

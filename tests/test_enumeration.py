@@ -21,6 +21,7 @@ from attune.spec.engine import get_engine
 from attune.spec.hardware import parse_cluster
 from attune.spec.layout import Workload
 from attune.spec.model import load_model
+from attune.spec.rules import index_sharing_rule
 
 
 def _same(model_name: str, gpus: str, space, engine: str = "slime") -> int:
@@ -125,3 +126,25 @@ def test_scored_table_survives_a_pickle(h200x8, slime):
     t2 = pickle.loads(pickle.dumps(t))
     for i in (0, len(t) // 2, len(t) - 1):
         assert t2.layouts[i] == t.layouts[i] and t2.params[i] == t.params[i] and t2.stage_gib[i] == t.stage_gib[i]
+
+
+@pytest.mark.slow
+def test_index_sharing_split_rule_equal():
+    """GLM-5.2 (DSA index sharing: every pipeline stage starts on a computing layer, a rule on the layer split) on
+    32 x 8 x H200, the MoE space: the columns keep exactly the splits the reference's `check` keeps."""
+    n = _same("GLM-5.2-744B-A40B", "32x8xH200", load_space("moe"))
+    assert n > 1000
+
+
+def test_index_sharing_splits_are_kept_and_refused_by_split():
+    """The split rule of DSA index sharing is applied per split, not per (TP, PP, CP, DP, VPP): GLM-5.2 keeps PP 4
+    with 18 / 20 layers on the first / last stage (stages start on layers 1, 19, 39, 59) while the even 19 / 19
+    split of the same sizes is refused (its second stage would start on layer 20)."""
+    model, cluster = load_model("GLM-5.2-744B-A40B"), parse_cluster("32x8xH200")
+    wl, _ = batch_for_cluster(Workload(), cluster.world_size)
+    es = enumerate_columns(load_space("moe"), model, cluster.world_size, wl, get_engine("slime"))
+    pp, first, last = es.cols["pp"], es.cols["first"], es.cols["last"]
+    splits = set(zip(pp.tolist(), first.tolist(), last.tolist()))
+    assert (4, 18, 20) in splits and (4, 19, 19) not in splits
+    assert all(not index_sharing_rule(es.cols.layout(int(i)), model)
+               for i in np.random.default_rng(0).choice(len(es), size=200, replace=False))

@@ -7,7 +7,8 @@ models' default spaces). How it gets there:
 
 * **Structures** (TP, PP, CP, layer split, VPP): a few hundred, built in Python in the enumeration's order. Only
   the rules about the layer split read them (every stage has layers, VPP divides each stage, a layout string is
-  well formed and the engine takes it: the split part of `attune.spec.rules.check`).
+  well formed and the engine takes it, every stage starts on a DSA computing layer: the split part of
+  `attune.spec.rules.check`).
 * **Templates**: everything else a parameter set decides (SP, recompute, offload, rows, experts, the registry's
   generic knobs) depends on a structure only through its parallel sizes (TP, PP, CP, DP, VPP) and, for the block
   recompute layer counts tried, its largest chunk. The candidates of every structure with the same sizes are one
@@ -53,6 +54,7 @@ from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec
 from attune.spec.pipeline_layout import check_layout_string
 from attune.spec.placement import stage_layer_counts, virtual_stage_counts
+from attune.spec.rules import index_sharing_rule
 
 _FEATURED = tuple(k for k in _ALL_GENERIC if k.feature is not None)
 _POS_COUNTS = IDENTITY_ITEMS.index("stage_layers")
@@ -242,6 +244,8 @@ def _split_of(space, model, engine, tp, pp, cp, dp, vpp, fo, lo, sl, top, refusa
     except (LayoutError, ValueError):
         return None
     if any(c < 1 for c in counts) or sum(counts) != L or (pl is None and any(c % vpp for c in counts)):
+        return None
+    if index_sharing_rule(sp, model):  # a split rule too: DSA index sharing (GLM-5.2) fixes where stages start
         return None
     virt = tuple(virtual_stage_counts(sp, L) or ()) if vpp > 1 else ()
     return _Structure(tp, pp, cp, dp, vpp, fo, lo, sl, top, first, last, pl, counts, virt)

@@ -19,10 +19,11 @@ from .placement import chunk_ranges, stage_layer_counts, virtual_stage_counts
 from .precision import precision_rules
 
 
-def _index_sharing_rule(L: Layout, model: ModelSpec) -> list[str]:
+def index_sharing_rule(L, model: ModelSpec) -> list[str]:
     """DSA cross-layer index sharing (GLM-5.2) keeps the top-k within a pipeline stage: every (virtual) stage
     starts on a computing layer (slime 624b824a slime_plugins/models/glm5/glm5.py lines 1023-1047, asserted when
-    the model is built; scripts/run-glm5.2-744B-A40B.sh lines 67-72 pick first 14 / last 16 layers for it)."""
+    the model is built; scripts/run-glm5.2-744B-A40B.sh lines 67-72 pick first 14 / last 16 layers for it).
+    ``L``: a Layout or anything with the fields ``attune.spec.placement.chunk_ranges`` reads (the search's split)."""
     mla = model.mla
     if mla is None or mla.index_topk_freq == 1 or L.pp * L.vpp == 1:
         return []
@@ -92,7 +93,7 @@ def check(layout: Layout, model: ModelSpec, world_size: int, workload: Workload,
             if bad and L.pipeline_layout is None and not (L.account_for_embedding or L.account_for_loss):
                 e.append(f"VPP {L.vpp} must divide every stage's layers ({'/'.join(map(str, counts))})")
         if not e:
-            e += _index_sharing_rule(L, model)
+            e += index_sharing_rule(L, model)
     g, meth, n = L.recompute_granularity, L.recompute_method, L.recompute_num_layers
     if L.mtp_layers and g == "full" and meth == "uniform" and n not in (None, 1):
         # megatron-core 0.16.1 MultiTokenPredictionLayer._checkpointed_forward asserts it

@@ -13,7 +13,8 @@ MoE model (``MoESpec.pattern``) have a SwiGLU MLP of ``MoESpec.dense_ffn``. Mult
 
 Layer kinds (the keys of ``attune.estimator.costs.layer_costs``): the mixer, ``FULL`` (softmax or latent
 attention over the whole causal context), ``SLIDING`` (softmax attention over a window) or ``LINEAR`` (Gated
-DeltaNet), with ``DENSE`` appended for the dense-MLP layers of an MoE model (``layer_kind``).
+DeltaNet), with ``DENSE`` appended for the dense-MLP layers of an MoE model (``layer_kind``) and ``SHARED_INDEX``
+before it for a DSA layer that reuses an earlier layer's top-k and has no indexer (GLM-5.2).
 
 ``from_geometry`` builds a spec from the bare geometry a published run states (layers, hidden, ffn,
 heads, kv_heads, vocab, mlp).

@@ -22,8 +22,8 @@ GLM-5.2 (glm5.2-744B-A40B.sh, the same MODEL_ARGS but ``--rotary-base 8000000``)
 layers: the config's ``index_topk_freq`` / ``index_skip_topk_offset`` (both required when the frequency is above
 1: transformers defaults the offset to 2, slime's provider to 0) give the computing layers
 (``attune.spec.mla.MLASpec.computes_index``); the others are layer kind ``SHARED_INDEX`` and carry no indexer
-weights, so the parameters, weight / gradient / optimizer memory and the DP gradient traffic count the indexer on
-computing layers only. The indexer's own scoring is priced on no layer (see above), so computing and sharing
+weights, so the parameters and what the estimator derives from each stage's layer kinds (weight, gradient and
+optimizer memory) count the indexer on computing layers only. The indexer's own scoring is priced on no layer (see above), so computing and sharing
 layers cost the same time and activation memory. slime's provider (slime_plugins/models/glm5/glm5.py lines
 1023-1047) refuses a (virtual) pipeline stage that starts on a sharing layer: ``attune.spec.rules.check``.
 """

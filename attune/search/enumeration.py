@@ -169,34 +169,12 @@ class EnumeratedSpace:
 def _structures(space: SearchSpace, model: ModelSpec, world_size: int, engine: Engine) -> list[_Structure]:
     """The (TP, PP, CP, split, VPP) of the enumeration, in its order, that pass the split rules."""
     L = model.num_layers
-    near0 = lambda k: min(space.domain(k), key=abs)  # noqa: E731
     refusal = layout_string_refusal(model, engine)
     out = []
     for tp, pp, cp in itertools.product(space.domain("tp"), space.domain("pp"), space.domain("cp")):
         if world_size % (tp * pp * cp):
             continue
-        splits: dict[tuple, tuple[int, int, str]] = {}
-        fos = space.domain("first_offset") if pp > 1 else [near0("first_offset")]
-        los = space.domain("last_offset") if pp > 2 else [near0("last_offset")]
-        stage_layouts = space.domain("stage_layout")
-        if refusal:
-            stage_layouts = [x for x in stage_layouts if x != "string"] or stage_layouts
-        for fo, lo in itertools.product(fos, los):  # the same splits, in the same order, as SearchSpace.enumerate
-            if pp > 1:
-                even = L // pp
-                first = even + fo
-                last = L - first if pp == 2 else even + lo
-                if "string" in stage_layouts and pp > 2 and fo <= 0 and lo <= 0 and first >= 1 and last >= 1:
-                    sc = _string_counts(L, pp, first, last)
-                    if sc is not None:
-                        splits.setdefault(("string",) + tuple(sc), (fo, lo, "string"))
-                if pp > 2 and L - first - last > 0:
-                    last += (L - first - last) % (pp - 2)
-                if first < 1 or last < 1 or L - first - last < pp - 2:
-                    continue
-                splits.setdefault((first, last), (fo, lo, stage_layouts[0] if "split" not in stage_layouts else "split"))
-            else:
-                splits.setdefault((0, 0), (fo, lo, space.domain("stage_layout")[0]))
+        splits = space.splits(L, pp, bool(refusal))  # the same splits, in the same order, as SearchSpace.enumerate
         for (fo, lo, sl), vpp in itertools.product(splits.values(), space.domain("vpp")):
             probe_first = L // pp + fo if pp > 1 else None
             try:  # the enumeration's probe split (its block recompute counts go up to the probe's chunk)

@@ -106,6 +106,35 @@ class SearchSpace:
         dom = self.knobs[key]
         return list(range(dom[0], dom[1] + 1)) if KNOBS[key] == "int" else list(dom)
 
+    def splits(self, L: int, pp: int, strings_refused: bool) -> dict[tuple, tuple[int, int, str]]:
+        """The distinct layer splits of `L` layers over `pp` stages the offsets and stage layouts give, in the
+        enumeration's order: split -> (first offset, last offset, stage layout) of the first that gives it
+        (`strings_refused`: the engine refuses layout strings for this model)."""
+        near0 = lambda k: min(self.domain(k), key=abs)  # noqa: E731
+        splits: dict[tuple, tuple[int, int, str]] = {}
+        fos = self.domain("first_offset") if pp > 1 else [near0("first_offset")]
+        los = self.domain("last_offset") if pp > 2 else [near0("last_offset")]
+        stage_layouts = self.domain("stage_layout")
+        if strings_refused:
+            stage_layouts = [x for x in stage_layouts if x != "string"] or stage_layouts
+        for fo, lo in itertools.product(fos, los):
+            if pp == 1:
+                splits.setdefault((0, 0), (fo, lo, self.domain("stage_layout")[0]))
+                continue
+            even = L // pp
+            first = even + fo
+            last = L - first if pp == 2 else even + lo
+            if "string" in stage_layouts and pp > 2 and fo <= 0 and lo <= 0 and first >= 1 and last >= 1:
+                sc = _string_counts(L, pp, first, last)
+                if sc is not None:  # issue 15: the middle remainder spread instead of moved onto the last stage
+                    splits.setdefault(("string",) + tuple(sc), (fo, lo, "string"))
+            if pp > 2 and L - first - last > 0:
+                last += (L - first - last) % (pp - 2)
+            if first < 1 or last < 1 or L - first - last < pp - 2:
+                continue
+            splits.setdefault((first, last), (fo, lo, stage_layouts[0] if "split" not in stage_layouts else "split"))
+        return splits
+
     def enumerate(self, model: ModelSpec, world_size: int, workload: Workload, engine: Engine,
                   shard: tuple[int, int] | None = None) -> list:
         """Every distinct valid layout of the space with one parameter set that maps to it (the first in knob
@@ -130,28 +159,7 @@ class SearchSpace:
                 continue
             sps = [s for s in self.domain("sequence_parallel") if not s] or self.domain("sequence_parallel")[:1] \
                 if tp == 1 else self.domain("sequence_parallel")
-            splits: dict[tuple, tuple[int, int, str]] = {}
-            fos = self.domain("first_offset") if pp > 1 else [near0("first_offset")]
-            los = self.domain("last_offset") if pp > 2 else [near0("last_offset")]
-            stage_layouts = self.domain("stage_layout")
-            if layout_string_refusal(model, engine):  # the engine refuses layout strings for this model
-                stage_layouts = [x for x in stage_layouts if x != "string"] or stage_layouts
-            for fo, lo in itertools.product(fos, los):
-                if pp > 1:
-                    even = L // pp
-                    first = even + fo
-                    last = L - first if pp == 2 else even + lo
-                    if "string" in stage_layouts and pp > 2 and fo <= 0 and lo <= 0 and first >= 1 and last >= 1:
-                        sc = _string_counts(L, pp, first, last)
-                        if sc is not None:  # issue 15: the middle remainder spread instead of moved onto the last stage
-                            splits.setdefault(("string",) + tuple(sc), (fo, lo, "string"))
-                    if pp > 2 and L - first - last > 0:
-                        last += (L - first - last) % (pp - 2)
-                    if first < 1 or last < 1 or L - first - last < pp - 2:
-                        continue
-                    splits.setdefault((first, last), (fo, lo, stage_layouts[0] if "split" not in stage_layouts else "split"))
-                else:
-                    splits.setdefault((0, 0), (fo, lo, self.domain("stage_layout")[0]))
+            splits = self.splits(L, pp, bool(layout_string_refusal(model, engine)))
             for (fo, lo, sl), vpp in itertools.product(splits.values(), self.domain("vpp")):
                 probe_first = L // pp + fo if pp > 1 else None
                 try:

@@ -203,6 +203,33 @@ def build_rows(
     max_rows: int | None = None,
 ) -> BuildResult:
     """Render, tokenize, mask, permute, pack and cut conversations into fixed rows (module doc)."""
+    _check_build_args(chat_template, loss_mask, row_tokens, max_rows)
+    tok, eos_id = _load_tokenizer(tokenizer_path, eos_id)
+    convs = _message_lists(conversations)
+    order = np.random.default_rng(seed).permutation(len(convs))
+    packed = _cut_rows(_encoded_chunks(convs, order, tok, eos_id), row_tokens, max_rows)
+    if not packed.tokens:
+        raise ValueError(f"no full {row_tokens}-token row with a supervised token from {len(convs)} conversations")
+    tokens = np.stack(packed.tokens).astype(np.int32, copy=False)
+    mask = np.stack(packed.mask).astype(np.int8, copy=False)
+    return BuildResult(
+        tokens=tokens,
+        loss_mask=mask,
+        row_tokens=row_tokens,
+        seed=seed,
+        chat_template=chat_template,
+        loss_mask_type=loss_mask,
+        eos_id=int(eos_id),
+        conversations=len(convs),
+        conversations_consumed=packed.consumed,
+        skipped_rows=packed.skipped,
+        dropped_tail_tokens=packed.tail_tokens,
+        tokenizer_sha256=_file_sha256(tokenizer_path),
+        rows_sha256=rows_sha256(tokens, mask),
+    )
+
+
+def _check_build_args(chat_template: str, loss_mask: str, row_tokens: int, max_rows: int | None) -> None:
     if chat_template not in SUPPORTED_TEMPLATES:
         raise ValueError(f"unknown chat_template {chat_template!r}; supported: {', '.join(SUPPORTED_TEMPLATES)}")
     if loss_mask not in SUPPORTED_MASKS:
@@ -211,6 +238,10 @@ def build_rows(
         raise ValueError(f"row_tokens must be positive, got {row_tokens}")
     if max_rows is not None and max_rows <= 0:
         raise ValueError(f"max_rows must be positive, got {max_rows}")
+
+
+def _load_tokenizer(tokenizer_path: str, eos_id: int | None):
+    """The ``tokenizers`` tokenizer with the ChatML special tokens, and the EOS id (default ``<|endoftext|>``)."""
     try:
         from tokenizers import Tokenizer
     except ImportError:
@@ -231,7 +262,11 @@ def build_rows(
             raise ValueError(f"tokenizer {tokenizer_path} has no {ENDOFTEXT} token; pass eos_id")
     if not 0 <= eos_id < 2**31:
         raise ValueError(f"eos_id {eos_id} is outside int32")
+    return tok, eos_id
 
+
+def _message_lists(conversations: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Each conversation's ``messages`` list; at least one conversation."""
     convs: list[list[dict[str, Any]]] = []
     for i, conv in enumerate(conversations):
         msgs = conv.get("messages") if isinstance(conv, dict) else None
@@ -240,28 +275,22 @@ def build_rows(
         convs.append(list(msgs))
     if not convs:
         raise ValueError("no conversations given")
+    return convs
 
-    order = np.random.default_rng(seed).permutation(len(convs))
-    kept_tok: list[np.ndarray] = []
-    kept_mask: list[np.ndarray] = []
-    skipped = 0
-    pend_tok = np.zeros(0, dtype=np.int32)
-    pend_mask = np.zeros(0, dtype=np.int8)
+
+def _encoded_chunks(convs: list[list[dict[str, Any]]], order: np.ndarray, tok, eos_id: int):
+    """The token stream in permutation order, ``ENCODE_CHUNK`` conversations at a time: per chunk, the number of
+    conversations read and the (tokens, mask) pieces, one EOS (not supervised) between non-empty neighbours."""
     first = True
-    consumed = 0
-    done = False
     eos_t = np.array([eos_id], dtype=np.int32)
     eos_m = np.zeros(1, dtype=np.int8)
-
     for c0 in range(0, len(order), ENCODE_CHUNK):
         idx = order[c0:c0 + ENCODE_CHUNK]
         rendered = [render_chatml(convs[int(i)], where=f"conversation {int(i)}") for i in idx]
-        texts = [t for t, _ in rendered]
-        encs = tok.encode_batch(texts, add_special_tokens=False)
-        pieces_t: list[np.ndarray] = [pend_tok]
-        pieces_m: list[np.ndarray] = [pend_mask]
+        encs = tok.encode_batch([t for t, _ in rendered], add_special_tokens=False)
+        pieces_t: list[np.ndarray] = []
+        pieces_m: list[np.ndarray] = []
         for (text, spans), enc in zip(rendered, encs):
-            consumed += 1
             if not text:
                 continue
             ids = np.asarray(enc.ids, dtype=np.int64)
@@ -273,46 +302,45 @@ def build_rows(
             first = False
             pieces_t.append(ids.astype(np.int32))
             pieces_m.append(_mask_from_offsets(enc.offsets, spans))
-        stream_t = np.concatenate(pieces_t)
-        stream_m = np.concatenate(pieces_m)
+        yield len(idx), pieces_t, pieces_m
+
+
+@dataclass
+class _Packed:
+    """The kept rows (each ``row_tokens`` long) and what cutting them consumed and dropped."""
+
+    tokens: list[np.ndarray]
+    mask: list[np.ndarray]
+    skipped: int = 0
+    consumed: int = 0
+    tail_tokens: int = 0
+
+
+def _cut_rows(chunks, row_tokens: int, max_rows: int | None) -> _Packed:
+    """Cut the stream of ``_encoded_chunks`` into consecutive rows; skip rows without a supervised token; stop
+    after ``max_rows`` kept rows (the rest unused by design) or keep the trailing partial row's size."""
+    out = _Packed(tokens=[], mask=[])
+    pend_tok = np.zeros(0, dtype=np.int32)
+    pend_mask = np.zeros(0, dtype=np.int8)
+    for count, pieces_t, pieces_m in chunks:
+        out.consumed += count
+        stream_t = np.concatenate([pend_tok, *pieces_t])
+        stream_m = np.concatenate([pend_mask, *pieces_m])
         n_full = stream_t.size // row_tokens
         cut = n_full * row_tokens
         rows_t = stream_t[:cut].reshape(n_full, row_tokens)
         rows_m = stream_m[:cut].reshape(n_full, row_tokens)
         for r in range(n_full):
             if not rows_m[r].any():
-                skipped += 1
+                out.skipped += 1
                 continue
-            kept_tok.append(rows_t[r])
-            kept_mask.append(rows_m[r])
-            if max_rows is not None and len(kept_tok) >= max_rows:
-                done = True
-                break
+            out.tokens.append(rows_t[r])
+            out.mask.append(rows_m[r])
+            if max_rows is not None and len(out.tokens) >= max_rows:
+                return out  # tokens after the last kept row are unused by design: the build stops at max_rows
         pend_tok, pend_mask = stream_t[cut:].copy(), stream_m[cut:].copy()
-        if done:
-            # Tokens after the last kept row are unused by design: the build stops at max_rows.
-            pend_tok = pend_tok[:0]
-            break
-
-    if not kept_tok:
-        raise ValueError(f"no full {row_tokens}-token row with a supervised token from {len(convs)} conversations")
-    tokens = np.stack(kept_tok).astype(np.int32, copy=False)
-    mask = np.stack(kept_mask).astype(np.int8, copy=False)
-    return BuildResult(
-        tokens=tokens,
-        loss_mask=mask,
-        row_tokens=row_tokens,
-        seed=seed,
-        chat_template=chat_template,
-        loss_mask_type=loss_mask,
-        eos_id=int(eos_id),
-        conversations=len(convs),
-        conversations_consumed=consumed,
-        skipped_rows=skipped,
-        dropped_tail_tokens=int(pend_tok.size),
-        tokenizer_sha256=_file_sha256(tokenizer_path),
-        rows_sha256=rows_sha256(tokens, mask),
-    )
+    out.tail_tokens = int(pend_tok.size)
+    return out
 
 
 def write_parquet(result: BuildResult, path: str, row_group_rows: int = ROW_GROUP_ROWS) -> BuildStats:

@@ -197,111 +197,98 @@ class _Scanner:
 
     # -- commands -------------------------------------------------------------------
     def commands(self) -> list[list[Word]]:
-        cmds: list[list[Word]] = []
-        words: list[Word] = []
-        raw: list[str] = []
-        text: list[str] = []
-        in_word = False
-
-        def end_word() -> None:
-            nonlocal in_word
-            if in_word:
-                words.append(Word("".join(raw), "".join(text)))
-            raw.clear()
-            text.clear()
-            in_word = False
-
-        def end_command() -> None:
-            nonlocal words
-            end_word()
-            if words:
-                cmds.append(words)
-            words = []
-
+        self.cmds: list[list[Word]] = []
+        self.words: list[Word] = []
+        self.raw: list[str] = []  # the current word as written
+        self.text: list[str] = []  # the current word with its quotes removed
+        self.in_word = False
         while self.i < self.n:
-            c = self.s[self.i]
-            if c == "\\":
-                nxt = self.peek(1)
-                if nxt == "\n":  # line continuation
-                    self.i += 2
-                    continue
-                raw.append(c + nxt)
-                text.append(nxt)
-                in_word = True
-                self.i += 2
-                continue
-            if c in " \t\r":
-                end_word()
-                self.i += 1
-                continue
-            if c == "\n":
-                end_command()
-                self.i += 1
-                continue
-            if c == "#" and not in_word:
-                end = self.s.find("\n", self.i)
-                self.i = self.n if end < 0 else end
-                continue
-            if c == "'":
-                q = self.read_single_quoted()
-                raw.append(q)
-                text.append(q[1:-1] if q.endswith("'") and len(q) > 1 else q[1:])
-                in_word = True
-                continue
-            if c == '"':
-                r, t = self.read_double_quoted()
-                raw.append(r)
-                text.append(t)
-                in_word = True
-                continue
-            if c == "$" and self.peek(1) in ("(", "{"):
-                d = self.read_dollar()
-                raw.append(d)
-                text.append(d)
-                in_word = True
-                continue
-            if c == "`":
-                b = self.read_backtick()
-                raw.append(b)
-                text.append(b)
-                in_word = True
-                continue
-            if c == "(" and in_word and "".join(raw).endswith("="):
-                # NAME=( ... ) array assignment: kept verbatim
-                a = self.read_balanced("(", ")")
-                raw.append(a)
-                text.append(a)
-                continue
-            op = next((o for o in _OPERATORS if self.s.startswith(o, self.i)), None)
-            if op is not None:
-                end_command()
-                self.i += len(op)
-                continue
-            if c in "<>" and (not in_word or "".join(raw).isdigit()):
-                # redirection ([n]>file, [n]>&m, <file ...): dropped with its target
-                raw.clear()
-                text.clear()
-                in_word = False
-                while self.i < self.n and self.s[self.i] in "<>&":
-                    self.i += 1
-                while self.i < self.n and self.s[self.i] in " \t":
-                    self.i += 1
-                # the target word (or fd digits after >&)
-                while self.i < self.n and self.s[self.i] not in " \t\r\n;|&":
-                    if self.s[self.i] in "'\"":
-                        if self.s[self.i] == "'":
-                            self.read_single_quoted()
-                        else:
-                            self.read_double_quoted()
-                    else:
-                        self.i += 1
-                continue
-            raw.append(c)
-            text.append(c)
-            in_word = True
+            self._step(self.s[self.i])
+        self._end_command()
+        return self.cmds
+
+    def _step(self, c: str) -> None:
+        """Consume the construct at ``self.i`` (whose first character is ``c``)."""
+        if c == "\\":
+            nxt = self.peek(1)
+            if nxt != "\n":  # a backslash-newline is a line continuation: nothing of it is kept
+                self._add(c + nxt, nxt)
+            self.i += 2
+        elif c in " \t\r":
+            self._end_word()
             self.i += 1
-        end_command()
-        return cmds
+        elif c == "\n":
+            self._end_command()
+            self.i += 1
+        elif c == "#" and not self.in_word:
+            end = self.s.find("\n", self.i)
+            self.i = self.n if end < 0 else end
+        elif self._quoted(c):
+            pass
+        elif c == "(" and self.in_word and "".join(self.raw).endswith("="):
+            a = self.read_balanced("(", ")")  # NAME=( ... ) array assignment: kept verbatim
+            self._add(a, a)
+        elif (op := next((o for o in _OPERATORS if self.s.startswith(o, self.i)), None)) is not None:
+            self._end_command()
+            self.i += len(op)
+        elif c in "<>" and (not self.in_word or "".join(self.raw).isdigit()):
+            self._skip_redirection()
+        else:
+            self._add(c, c)
+            self.i += 1
+
+    def _quoted(self, c: str) -> bool:
+        """Read a quoted string, ``$(...)`` / ``${...}`` or backticks into the word; False when ``c`` starts none."""
+        if c == "'":
+            q = self.read_single_quoted()
+            self._add(q, q[1:-1] if q.endswith("'") and len(q) > 1 else q[1:])
+        elif c == '"':
+            self._add(*self.read_double_quoted())
+        elif c == "$" and self.peek(1) in ("(", "{"):
+            d = self.read_dollar()
+            self._add(d, d)
+        elif c == "`":
+            b = self.read_backtick()
+            self._add(b, b)
+        else:
+            return False
+        return True
+
+    def _skip_redirection(self) -> None:
+        """A redirection ([n]>file, [n]>&m, <file ...) is dropped with its target."""
+        self.raw.clear()
+        self.text.clear()
+        self.in_word = False
+        while self.i < self.n and self.s[self.i] in "<>&":
+            self.i += 1
+        while self.i < self.n and self.s[self.i] in " \t":
+            self.i += 1
+        # the target word (or fd digits after >&)
+        while self.i < self.n and self.s[self.i] not in " \t\r\n;|&":
+            if self.s[self.i] == "'":
+                self.read_single_quoted()
+            elif self.s[self.i] == '"':
+                self.read_double_quoted()
+            else:
+                self.i += 1
+
+    def _add(self, raw: str, text: str) -> None:
+        self.raw.append(raw)
+        self.text.append(text)
+        self.in_word = True
+
+    def _end_word(self) -> None:
+        if self.in_word:
+            self.words.append(Word("".join(self.raw), "".join(self.text)))
+        self.raw.clear()
+        self.text.clear()
+        self.in_word = False
+
+    def _end_command(self) -> None:
+        self._end_word()
+        if self.words:
+            self.cmds.append(self.words)
+        self.words = []
 
 
 def unclosed_quote(text: str) -> str | None:

@@ -38,13 +38,28 @@ def index_sharing_rule(L, model: ModelSpec) -> list[str]:
 
 def check(layout: Layout, model: ModelSpec, world_size: int, workload: Workload, engine: Engine) -> list[str]:
     """Every rule the layout breaks, one message each (empty when valid)."""
-    e: list[str] = []
     L = layout
-    for name in ("tp", "pp", "dp", "cp", "vpp", "micro_batch_size"):
-        if getattr(L, name) < 1:
-            e.append(f"{name} must be >= 1 (got {getattr(L, name)})")
+    e = [f"{name} must be >= 1 (got {getattr(L, name)})"
+         for name in ("tp", "pp", "dp", "cp", "vpp", "micro_batch_size") if getattr(L, name) < 1]
     if e:
         return e
+    e += _size_rules(L, model, world_size, engine)
+    e += _pipeline_string_rules(L, model, engine)
+    counts = None
+    if not e:  # the layer split is derived only from sizes that passed their rules
+        split_errors, counts = _split_rules(L, model)
+        e += split_errors
+    e += _recompute_rules(L, model, counts)
+    e += check_knobs(L, model, engine)
+    e += precision_rules(L)
+    e += _optimizer_rules(L, engine)
+    e += _batch_rules(L, workload, engine)
+    return e
+
+
+def _size_rules(L: Layout, model: ModelSpec, world_size: int, engine: Engine) -> list[str]:
+    """The parallel sizes against the GPUs and the model: world size, experts, MTP, heads, the family's rules, SP, PP."""
+    e: list[str] = []
     if L.world_size != world_size:
         e.append(f"world size {world_size} GPUs != TP {L.tp} x PP {L.pp} x CP {L.cp} x DP {L.dp} = {L.world_size}")
     e += moe_rules(L, model)
@@ -64,36 +79,53 @@ def check(layout: Layout, model: ModelSpec, world_size: int, workload: Workload,
         e.append(f"PP {L.pp} exceeds the {model.num_layers} layers")
     if L.pp == 1 and (L.first is not None or L.last is not None):
         e.append("first/last stage layer counts need PP > 1")
+    return e
+
+
+def _pipeline_string_rules(L: Layout, model: ModelSpec, engine: Engine) -> list[str]:
+    """A layout string, or the embedding/loss accounting, against the other ways of stating the layer split."""
+    e: list[str] = []
+    account = L.account_for_embedding or L.account_for_loss
     if L.pipeline_layout is not None:
-        if L.first is not None or L.last is not None or L.account_for_embedding or L.account_for_loss:
+        if L.first is not None or L.last is not None or account:
             e.append("--pipeline-model-parallel-layout cannot be combined with --decoder-first/last-pipeline-num-layers "
                      "or --account-for-embedding/loss-in-pipeline-split")
         e.extend(check_layout_string(L.pipeline_layout, L.pp, L.vpp, model.num_layers))
         refused = layout_string_refusal(model, engine)
         if refused:
             e.append(refused)
-    elif (L.account_for_embedding or L.account_for_loss) and (L.first is not None or L.last is not None):
+    elif account and (L.first is not None or L.last is not None):
         e.append("--account-for-embedding/loss-in-pipeline-split cannot be combined with "
                  "--decoder-first/last-pipeline-num-layers")
-    elif (L.account_for_embedding or L.account_for_loss) and L.pp == 1:
+    elif account and L.pp == 1:
         e.append("--account-for-embedding/loss-in-pipeline-split needs PP > 1")
-    counts = None
+    return e
+
+
+def _split_rules(L: Layout, model: ModelSpec) -> tuple[list[str], list[int] | None]:
+    """The stage layer counts (None when they cannot be derived) and the rules they break: at least one layer per
+    stage, VPP dividing each stage, then DSA index sharing."""
+    try:
+        counts = stage_layer_counts(L, model.num_layers)
+    except LayoutError as err:
+        return [str(err)], None
+    e: list[str] = []
+    if any(c < 1 for c in counts) or sum(counts) != model.num_layers:
+        e.append(f"layer split {'/'.join(map(str, counts))} must sum to {model.num_layers} with at least one layer per stage")
+    if L.vpp > 1:
+        if L.pp < 2:
+            e.append("virtual pipeline stages need PP >= 2")
+        bad = [c for c in counts if c % L.vpp]
+        if bad and L.pipeline_layout is None and not (L.account_for_embedding or L.account_for_loss):
+            e.append(f"VPP {L.vpp} must divide every stage's layers ({'/'.join(map(str, counts))})")
     if not e:
-        try:
-            counts = stage_layer_counts(L, model.num_layers)
-        except LayoutError as err:
-            e.append(str(err))
-    if counts is not None:
-        if any(c < 1 for c in counts) or sum(counts) != model.num_layers:
-            e.append(f"layer split {'/'.join(map(str, counts))} must sum to {model.num_layers} with at least one layer per stage")
-        if L.vpp > 1:
-            if L.pp < 2:
-                e.append("virtual pipeline stages need PP >= 2")
-            bad = [c for c in counts if c % L.vpp]
-            if bad and L.pipeline_layout is None and not (L.account_for_embedding or L.account_for_loss):
-                e.append(f"VPP {L.vpp} must divide every stage's layers ({'/'.join(map(str, counts))})")
-        if not e:
-            e += index_sharing_rule(L, model)
+        e += index_sharing_rule(L, model)
+    return e, counts
+
+
+def _recompute_rules(L: Layout, model: ModelSpec, counts: list[int] | None) -> list[str]:
+    """Recompute granularity, method and layer count (against the smallest and largest chunk of ``counts``)."""
+    e: list[str] = []
     g, meth, n = L.recompute_granularity, L.recompute_method, L.recompute_num_layers
     if L.mtp_layers and g == "full" and meth == "uniform" and n not in (None, 1):
         # megatron-core 0.16.1 MultiTokenPredictionLayer._checkpointed_forward asserts it
@@ -114,8 +146,12 @@ def check(layout: Layout, model: ModelSpec, world_size: int, workload: Workload,
                 e.append(f"block recompute of {n} layers exceeds the {max(chunk_sizes)} layers per chunk")
     elif meth is not None or n is not None:
         e.append(f"recompute method/num-layers only apply to full recompute (granularity is {g})")
-    e.extend(check_knobs(L, model, engine))
-    e.extend(precision_rules(L))
+    return e
+
+
+def _optimizer_rules(L: Layout, engine: Engine) -> list[str]:
+    """Training precision and the optimizer: distributed, precision-aware, CPU offload."""
+    e: list[str] = []
     if L.precision not in ("bf16", "fp16"):
         e.append(f"precision '{L.precision}'; allowed: bf16, fp16")
     if engine.forces_distributed_optimizer and not L.distributed_optimizer:
@@ -129,6 +165,12 @@ def check(layout: Layout, model: ModelSpec, world_size: int, workload: Workload,
             e.append(f"offload fraction {L.offload_fraction} must be in (0, 1]")
     if L.precision_aware_optimizer and not L.distributed_optimizer:
         e.append("the precision-aware optimizer needs the distributed optimizer")
+    return e
+
+
+def _batch_rules(L: Layout, workload: Workload, engine: Engine) -> list[str]:
+    """The global batch over DP and micro batches, the sequence over CP, the dynamic-batching token cap."""
+    e: list[str] = []
     if workload.global_batch % L.dp:
         e.append(f"global batch {workload.global_batch} rows must be divisible by DP {L.dp}")
     elif not (engine.dynamic_batching and L.max_tokens_per_gpu) and workload.global_batch % (L.dp * L.micro_batch_size):

@@ -158,7 +158,41 @@ def _recompute(value, assumptions: list[str]) -> dict:
 def _layout(row: dict, model: ModelSpec, engine: Engine, assumptions: list[str],
             check_rules: bool = True) -> tuple[Layout, Workload]:
     """The row's dense layout and workload; ``check_rules`` False for a MoE row (``_moe_layout`` checks the
-    layout once its expert settings are on)."""
+    layout once its expert settings are on). Each default taken is appended to ``assumptions``, in this order:
+    DP, the layer split, VPP, SP, the distributed optimizer, micro batch, flags from the notes, the uneven split,
+    recompute."""
+    n, tp, pp, cp, dp = _sizes(row, assumptions)
+    first, last = _embedding_stages(model, pp, assumptions)
+    vpp = _vpp(row, model, engine, pp, assumptions)
+    sp, dist = _sp_and_dist_optimizer(row, engine, tp, assumptions)
+    mbs = row.get("micro_batch")
+    if mbs is None:
+        mbs = 1
+        assumptions.append("micro_batch: not stated, 1")
+    seq, gbs = int(_need(row, "seq_len")), int(_need(row, "global_batch"))
+    if gbs % (dp * int(mbs)):
+        raise _Unexpressed(f"layout: global batch {gbs} is not a multiple of DP {dp} x micro batch {mbs}")
+    precision = "fp16" if row.get("precision_class") == "fp16" else "bf16"
+    notes = str(row.get("notes") or "")
+    stated = {field: True for flag, field in NOTE_FLAGS.items() if re.search(re.escape(flag) + r"(?![\w-])", notes)}
+    if stated:
+        assumptions.append("from the notes: " + ", ".join(f for f in NOTE_FLAGS if NOTE_FLAGS[f] in stated))
+    account, first, last = _uneven_split(model, pp, int(vpp), first, last, assumptions)
+    try:
+        layout = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vpp=int(vpp), sp=bool(sp), micro_batch_size=int(mbs), first=first, last=last,
+                        distributed_optimizer=bool(dist), precision=precision, **stated, **account,
+                        **_recompute(row.get("recompute"), assumptions))
+        wl = Workload(seq_length=seq, global_batch=gbs)
+    except UserInputError as e:
+        raise _Unexpressed(f"layout: {e}") from None
+    broken = check(layout, model, n, wl, engine) if check_rules else []
+    if broken:
+        raise _Unexpressed(f"layout rule: {broken[0]}")
+    return layout, wl
+
+
+def _sizes(row: dict, assumptions: list[str]) -> tuple[int, int, int, int, int]:
+    """GPUs, TP, PP, CP and DP (from the GPUs when not stated); they must multiply to the GPUs."""
     n = int(_need(row, "num_gpus"))
     tp, pp = int(_need(row, "tp")), int(_need(row, "pp"))
     cp = int(row.get("cp") or 1)
@@ -171,15 +205,24 @@ def _layout(row: dict, model: ModelSpec, engine: Engine, assumptions: list[str],
     dp = int(dp)
     if tp * pp * cp * dp != n:
         raise _Unexpressed(f"layout: TP {tp} x PP {pp} x CP {cp} x DP {dp} != {n} GPUs")
-    first = last = None
+    return n, tp, pp, cp, dp
+
+
+def _embedding_stages(model: ModelSpec, pp: int, assumptions: list[str]) -> tuple[int | None, int | None]:
+    """First and last stage layers when PP > 2 does not divide the layers: the embedding stages take fewer, the
+    middle stages ceil(L / PP), first and last share the rest (BLOOM's 5 + 6 x 10 + 5 over PP 12)."""
     if pp > 2 and model.num_layers % pp:
-        # the embedding stages take fewer layers: the middle stages ceil(L / PP), first and last share the rest
-        # (BLOOM's 5 + 6 x 10 + 5 over PP 12)
         mid = -(-model.num_layers // pp)
         rest = model.num_layers - mid * (pp - 2)
         if rest >= 2 and rest % 2 == 0:
-            first = last = rest // 2
-            assumptions.append(f"layer split: {model.num_layers} layers over PP {pp} as {first} + {mid} x {pp - 2} + {last}")
+            assumptions.append(f"layer split: {model.num_layers} layers over PP {pp} as {rest // 2} + {mid} x {pp - 2} "
+                               f"+ {rest // 2}")
+            return rest // 2, rest // 2
+    return None, None
+
+
+def _vpp(row: dict, model: ModelSpec, engine: Engine, pp: int, assumptions: list[str]):
+    """The row's VPP; not stated: the NeMo performance recipe's where the model has one, else 1."""
     vpp = row.get("vpp")
     if vpp is None:
         vpp = 1
@@ -190,6 +233,11 @@ def _layout(row: dict, model: ModelSpec, engine: Engine, assumptions: list[str],
                                f"virtual_pipeline_parallelism={vpp})")
         elif pp > 1:
             assumptions.append("vpp: not stated, no interleaving")
+    return vpp
+
+
+def _sp_and_dist_optimizer(row: dict, engine: Engine, tp: int, assumptions: list[str]):
+    """Sequence parallelism and the distributed optimizer; not stated: the engine era's defaults."""
     old_era = engine.era_without_sp_and_dist_optimizer
     sp = row.get("sp")
     if sp is None:
@@ -205,58 +253,42 @@ def _layout(row: dict, model: ModelSpec, engine: Engine, assumptions: list[str],
                            else "dist_optimizer: not stated, on (NeMo / Megatron-LM performance recipes' default)")
     elif isinstance(dist, str):
         dist = "zero" in dist.lower() or "distributed" in dist.lower()
-    mbs = row.get("micro_batch")
-    if mbs is None:
-        mbs = 1
-        assumptions.append("micro_batch: not stated, 1")
-    seq, gbs = int(_need(row, "seq_len")), int(_need(row, "global_batch"))
-    if gbs % (dp * int(mbs)):
-        raise _Unexpressed(f"layout: global batch {gbs} is not a multiple of DP {dp} x micro batch {mbs}")
-    precision = "fp16" if row.get("precision_class") == "fp16" else "bf16"
-    notes = str(row.get("notes") or "")
-    stated = {field: True for flag, field in NOTE_FLAGS.items() if re.search(re.escape(flag) + r"(?![\w-])", notes)}
-    if stated:
-        assumptions.append("from the notes: " + ", ".join(f for f in NOTE_FLAGS if NOTE_FLAGS[f] in stated))
-    account = {}
-    v_ = int(vpp)
-    if v_ > 1 and model.num_layers % (pp * v_) and (model.num_layers + 2) % (pp * v_) == 0:
+    return sp, dist
+
+
+def _uneven_split(model: ModelSpec, pp: int, vpp: int, first: int | None, last: int | None,
+                  assumptions: list[str]) -> tuple[dict, int | None, int | None]:
+    """The Layout fields of a split over PP x VPP stages that does not divide the layers and that the row does not
+    spell out (embedding/loss accounting or a layout string), with the first/last stage layers left."""
+    if vpp > 1 and model.num_layers % (pp * vpp) and (model.num_layers + 2) % (pp * vpp) == 0:
         # Megatron-Bridge's recipes for such splits (Qwen3-235B-A22B: 94 layers over PP 8 x VPP 3) count the
         # embedding and the loss as one layer each (--account-for-embedding/loss-in-pipeline-split)
-        account, first, last = dict(account_for_embedding=True, account_for_loss=True), None, None
-        assumptions.append(f"layer split: {model.num_layers} layers + embedding + loss over PP {pp} x VPP {v_} "
+        assumptions.append(f"layer split: {model.num_layers} layers + embedding + loss over PP {pp} x VPP {vpp} "
                            f"(account-for-embedding/loss-in-pipeline-split) [assumed]")
-    stages = pp * v_
-    if stages > 1 and model.num_layers % stages and not account and first is None:
-        # an uneven split the row does not spell out: the Megatron-Bridge DeepSeek-V3 recipes' shape, every virtual
-        # stage ceil(layers / stages) layers (the first with the embedding), the last the rest with the loss
-        # (61 layers on 16 stages: Et*4|(t*4|)*14t*1L) [recalled from Megatron-Bridge, unverified]
-        n_ = -(-model.num_layers // stages)
-        rest = model.num_layers - n_ * (stages - 1)
-        if rest >= 1:
-            text = f"Et*{n_}|" + (f"(t*{n_}|)*{stages - 2}" if stages > 2 else "") + f"t*{rest}L"
-            account = dict(pipeline_layout=text)
-            assumptions.append(f"pipeline layout: not stated, {text} (the Megatron-Bridge DeepSeek-V3 recipes' uneven "
-                               f"split) [assumed]")
-        elif stages > 2 and (model.num_layers - 1) % (stages - 2) == 0:
-            # one layer with the embedding, the loss alone on the last stage, the rest even: Megatron-Bridge v0.2.0
-            # DeepSeek-V3 on H100, PP 8 x VPP 4: "Et|(tt|)*30mL" (scripts/performance/configs/deepseek/
-            # deepseek_llm_pretrain.py), its MTP layer left out
-            k = (model.num_layers - 1) // (stages - 2)
-            text = f"Et*1|(t*{k}|)*{stages - 2}L"
-            account = dict(pipeline_layout=text)
-            assumptions.append(f"pipeline layout: not stated, {text} (the Megatron-Bridge DeepSeek-V3 H100 recipe's "
-                               f"split) [assumed]")
-    try:
-        layout = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vpp=int(vpp), sp=bool(sp), micro_batch_size=int(mbs), first=first, last=last,
-                        distributed_optimizer=bool(dist), precision=precision, **stated, **account,
-                        **_recompute(row.get("recompute"), assumptions))
-        wl = Workload(seq_length=seq, global_batch=gbs)
-    except UserInputError as e:
-        raise _Unexpressed(f"layout: {e}") from None
-    broken = check(layout, model, n, wl, engine) if check_rules else []
-    if broken:
-        raise _Unexpressed(f"layout rule: {broken[0]}")
-    return layout, wl
+        return dict(account_for_embedding=True, account_for_loss=True), None, None
+    stages = pp * vpp
+    if not (stages > 1 and model.num_layers % stages and first is None):
+        return {}, first, last
+    # an uneven split the row does not spell out: the Megatron-Bridge DeepSeek-V3 recipes' shape, every virtual
+    # stage ceil(layers / stages) layers (the first with the embedding), the last the rest with the loss
+    # (61 layers on 16 stages: Et*4|(t*4|)*14t*1L) [recalled from Megatron-Bridge, unverified]
+    n_ = -(-model.num_layers // stages)
+    rest = model.num_layers - n_ * (stages - 1)
+    if rest >= 1:
+        text = f"Et*{n_}|" + (f"(t*{n_}|)*{stages - 2}" if stages > 2 else "") + f"t*{rest}L"
+        assumptions.append(f"pipeline layout: not stated, {text} (the Megatron-Bridge DeepSeek-V3 recipes' uneven "
+                           f"split) [assumed]")
+        return dict(pipeline_layout=text), first, last
+    if stages > 2 and (model.num_layers - 1) % (stages - 2) == 0:
+        # one layer with the embedding, the loss alone on the last stage, the rest even: Megatron-Bridge v0.2.0
+        # DeepSeek-V3 on H100, PP 8 x VPP 4: "Et|(tt|)*30mL" (scripts/performance/configs/deepseek/
+        # deepseek_llm_pretrain.py), its MTP layer left out
+        k = (model.num_layers - 1) // (stages - 2)
+        text = f"Et*1|(t*{k}|)*{stages - 2}L"
+        assumptions.append(f"pipeline layout: not stated, {text} (the Megatron-Bridge DeepSeek-V3 H100 recipe's "
+                           f"split) [assumed]")
+        return dict(pipeline_layout=text), first, last
+    return {}, first, last
 
 
 def _throughput(row: dict) -> float:
@@ -357,10 +389,30 @@ def _with_precision(layout: Layout, lp_fields: dict, model: ModelSpec, engine: E
 
 def read_row(row: dict, file: str) -> CorpusRow:
     """One corpus row, expressed or with the reason it is not."""
+    base = _row_identity(row, file)
+    if known_regression(row):  # the source itself marks the figure as a release's defect
+        return CorpusRow(**base, reason=known_regression(row))
+    assumptions: list[str] = []
+    try:
+        expressed = _express(row, file, assumptions)
+    except _Unexpressed as e:
+        return CorpusRow(**base, reason=str(e), assumptions=tuple(assumptions))
+    except AttuneError as e:  # the spec refused the geometry or the GPU count
+        return CorpusRow(**base, reason=f"not expressible: {e}", assumptions=tuple(assumptions))
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError, ZeroDivisionError) as e:
+        raise CorpusError(f"{file}: row {base['id']}: a malformed field ({type(e).__name__}: "
+                          f"{' '.join(str(e).split())[:160]})") from None
+    try:
+        return CorpusRow(**base, **expressed, assumptions=tuple(assumptions))
+    except ValueError as e:  # CorpusRow's own checks (a positive throughput, ...)
+        raise CorpusError(f"{file}: {' '.join(str(e).split())[:200]}") from None
+
+
+def _row_identity(row: dict, file: str) -> dict:
+    """The CorpusRow fields every row has, expressed or not (id, series, file, kinds, source, GPU, engine, precision)."""
     if not isinstance(row, dict) or not row.get("id"):
         raise CorpusError(f"{file}: a row without an id (every row needs id, model, layout, measured)")
     rid = str(row["id"])
-    kinds = (MEMORY,) if file == "memory.yaml" else (THROUGHPUT,)
     src = row.get("source") or {}
     if not isinstance(src, dict) or not isinstance(row.get("model") or {}, dict):
         raise CorpusError(f"{file}: row {rid}: source and model must be mappings")
@@ -368,61 +420,50 @@ def read_row(row: dict, file: str) -> CorpusRow:
         series = _series(row)
     except (TypeError, ValueError, AttributeError) as e:
         raise CorpusError(f"{file}: row {rid}: a malformed field ({' '.join(str(e).split())[:160]})") from None
-    base = dict(id=rid, series=series, file=file, kinds=kinds,
+    return dict(id=rid, series=series, file=file, kinds=(MEMORY,) if file == "memory.yaml" else (THROUGHPUT,),
                 source=str(src.get("url") or src.get("path") or ""), gpu_name=str(row.get("gpu") or ""),
                 engine_name=str(row.get("engine") or ""), precision=str(row.get("precision_class") or ""))
-    if known_regression(row):  # the source itself marks the figure as a release's defect
-        return CorpusRow(**base, reason=known_regression(row))
-    assumptions: list[str] = []
-    try:
-        g = row.get("model") or {}
-        pc = row.get("precision_class")
-        try:  # fp8 / mxfp8: the recipe's Layout fields (issue 22); nvfp4 and unknown classes are not modelled
-            lp_fields = row_precision(row, GPUS[_gpu_key(str(row.get("gpu") or ""))].generation,
-                                      str(row.get("engine") or ""), assumptions)
-        except NotModelled as e:
-            raise _Unexpressed(str(e)) from None
-        is_moe = bool(g.get("moe") or file == "moe.yaml" or g.get("experts") or (row.get("ep") or 1) > 1)
-        bundled, how = resolve_moe_model(g) if is_moe else (None, "")  # by model.hf, then geometry: never the name
-        if is_moe and bundled is None:
-            raise _Unexpressed(how)
-        if pc is None:
-            raise _Unexpressed("missing field: precision_class")
-        key = _gpu_key(str(row.get("gpu") or ""))
-        engine = _engine(str(row.get("engine") or ""), assumptions, str(row.get("engine_version") or ""))
-        seq = int(_need(row, "seq_len"))
-        model = bundled or model_from_geometry(g, seq)
-        if bundled:
-            assumptions.append(how)
-        elif not g.get("vocab"):
-            assumptions.append("vocab: not stated, 0 (the row's figures count the transformer layers only)")
-        cluster = parse_cluster(f"{int(_need(row, 'num_gpus'))}x{key}")
-        recipe_tp1 = RECIPE_TP1.get((model.num_layers, model.hidden, model.ffn))
-        if engine.recipe_tp_comm_overlap and recipe_tp1 and int(row.get("tp") or 1) > 1:
-            engine = replace(engine, recipe_tp_comm_overlap=False)
-            assumptions.append(f"tp_comm_overlap: off (the {recipe_tp1} performance recipe runs TP 1; a TP override "
-                               f"keeps its tp_comm_overlap=False)")
-        layout, wl = _layout(row, model, engine, assumptions, check_rules=not bundled)
-        if bundled:
-            layout, eng = _moe_layout(row, layout, model, engine, wl, assumptions, key)
-            eng = {k: v for k, v in eng.items() if getattr(engine, k) != v}
-            engine = replace(engine, **eng) if eng else engine
-        if lp_fields:
-            layout = _with_precision(layout, lp_fields, model, engine, wl, cluster)
-        tps = _throughput(row) if file != "memory.yaml" else None
-        mem = _memory(row["memory"]) if row.get("memory") else None
-    except _Unexpressed as e:
-        return CorpusRow(**base, reason=str(e), assumptions=tuple(assumptions))
-    except AttuneError as e:  # the spec refused the geometry or the GPU count
-        return CorpusRow(**base, reason=f"not expressible: {e}", assumptions=tuple(assumptions))
-    except (TypeError, ValueError, KeyError, AttributeError, OverflowError, ZeroDivisionError) as e:
-        raise CorpusError(f"{file}: row {rid}: a malformed field ({type(e).__name__}: "
-                          f"{' '.join(str(e).split())[:160]})") from None
-    try:
-        return CorpusRow(**base, model=model, cluster=cluster, layout=layout, workload=wl, engine=engine,
-                         tokens_per_s_per_gpu=tps, memory=mem, assumptions=tuple(assumptions))
-    except ValueError as e:  # CorpusRow's own checks (a positive throughput, ...)
-        raise CorpusError(f"{file}: {' '.join(str(e).split())[:200]}") from None
+
+
+def _express(row: dict, file: str, assumptions: list[str]) -> dict:
+    """The CorpusRow fields of an expressed row (model, cluster, layout, workload, engine, the measurements);
+    raises ``_Unexpressed`` with the reason it cannot be expressed."""
+    g = row.get("model") or {}
+    try:  # fp8 / mxfp8: the recipe's Layout fields (issue 22); nvfp4 and unknown classes are not modelled
+        lp_fields = row_precision(row, GPUS[_gpu_key(str(row.get("gpu") or ""))].generation,
+                                  str(row.get("engine") or ""), assumptions)
+    except NotModelled as e:
+        raise _Unexpressed(str(e)) from None
+    is_moe = bool(g.get("moe") or file == "moe.yaml" or g.get("experts") or (row.get("ep") or 1) > 1)
+    bundled, how = resolve_moe_model(g) if is_moe else (None, "")  # by model.hf, then geometry: never the name
+    if is_moe and bundled is None:
+        raise _Unexpressed(how)
+    if row.get("precision_class") is None:
+        raise _Unexpressed("missing field: precision_class")
+    key = _gpu_key(str(row.get("gpu") or ""))
+    engine = _engine(str(row.get("engine") or ""), assumptions, str(row.get("engine_version") or ""))
+    seq = int(_need(row, "seq_len"))
+    model = bundled or model_from_geometry(g, seq)
+    if bundled:
+        assumptions.append(how)
+    elif not g.get("vocab"):
+        assumptions.append("vocab: not stated, 0 (the row's figures count the transformer layers only)")
+    cluster = parse_cluster(f"{int(_need(row, 'num_gpus'))}x{key}")
+    recipe_tp1 = RECIPE_TP1.get((model.num_layers, model.hidden, model.ffn))
+    if engine.recipe_tp_comm_overlap and recipe_tp1 and int(row.get("tp") or 1) > 1:
+        engine = replace(engine, recipe_tp_comm_overlap=False)
+        assumptions.append(f"tp_comm_overlap: off (the {recipe_tp1} performance recipe runs TP 1; a TP override "
+                           f"keeps its tp_comm_overlap=False)")
+    layout, wl = _layout(row, model, engine, assumptions, check_rules=not bundled)
+    if bundled:
+        layout, eng = _moe_layout(row, layout, model, engine, wl, assumptions, key)
+        eng = {k: v for k, v in eng.items() if getattr(engine, k) != v}
+        engine = replace(engine, **eng) if eng else engine
+    if lp_fields:
+        layout = _with_precision(layout, lp_fields, model, engine, wl, cluster)
+    return dict(model=model, cluster=cluster, layout=layout, workload=wl, engine=engine,
+                tokens_per_s_per_gpu=_throughput(row) if file != "memory.yaml" else None,
+                memory=_memory(row["memory"]) if row.get("memory") else None)
 
 
 def read_file(path: Path) -> list[dict]:

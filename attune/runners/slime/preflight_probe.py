@@ -105,25 +105,35 @@ def tokenizer_match(hf_dir: str, data_path: str) -> dict:
 
 def node_checks(paths: dict, python: str) -> dict:
     """Facts about this node (everything a slime trial will need from it). Never raises: each failure is
-    reported as text. Self-contained (no attune import outside the attune check)."""
-    import importlib
-    import os
-    import re
+    reported as text. Self-contained (no attune import outside the attune check; the helpers below import only
+    the standard library, inside themselves, so Ray ships them by value with this function)."""
     import socket
-    import subprocess
 
     out: dict = {"host": socket.gethostname()}
+    out.update(_checkout_facts(paths, python))
+    out.update(_checkpoint_and_data_facts(paths))
+    out.update(_attune_facts())
+    out.update(_gpu_facts())
+    return out
 
-    def run(cmd, timeout, env=None):
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-            return p.returncode, p.stdout, p.stderr
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return None, "", f"{type(e).__name__}: {e}"
 
-    for key in ("slime", "megatron"):
-        d = paths.get(key) or ""
-        out[f"{key}_dir"] = os.path.isdir(d)
+def _run(cmd: list[str], timeout: float, env: dict | None = None) -> tuple[int | None, str, str]:
+    """(exit status or None when it could not run or timed out, stdout, stderr)."""
+    import subprocess
+
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        return p.returncode, p.stdout, p.stderr
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, "", f"{type(e).__name__}: {e}"
+
+
+def _checkout_facts(paths: dict, python: str) -> dict:
+    """The slime and Megatron-LM folders, slime's entrypoint, and whether ``python`` imports both with them on
+    PYTHONPATH (a subprocess, as the launch sets PYTHONPATH)."""
+    import os
+
+    out: dict = {f"{key}_dir": os.path.isdir(paths.get(key) or "") for key in ("slime", "megatron")}
     out["slime_entrypoint"] = os.path.isfile(os.path.join(paths.get("slime") or "", "train_async.py"))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([paths.get("slime") or "", paths.get("megatron") or "",
@@ -132,16 +142,23 @@ def node_checks(paths: dict, python: str) -> dict:
             "    try:\n        importlib.import_module(m); res[m] = None\n"
             "    except BaseException as e:\n        res[m] = f'{type(e).__name__}: {e}'.splitlines()[0][:300]\n"
             "print('IMPORTS ' + json.dumps(res))\n")
-    rc, stdout, stderr = run([python, "-c", code], IMPORT_TIMEOUT_S, env)
+    rc, stdout, stderr = _run([python, "-c", code], IMPORT_TIMEOUT_S, env)
     line = next((x for x in stdout.splitlines() if x.startswith("IMPORTS ")), None)
     if line is not None:
         out["imports"] = json.loads(line[len("IMPORTS "):])
     else:
         why = (stderr.strip().splitlines() or [f"exit status {rc}"])[-1][:300]
         out["imports"] = {"slime": f"{python} did not run: {why}", "megatron.core": f"{python} did not run: {why}"}
+    return out
+
+
+def _checkpoint_and_data_facts(paths: dict) -> dict:
+    """The HF checkpoint's config.json, the torch_dist checkpoint's tracker, the data file's first bytes, and
+    whether the data was tokenized with the checkpoint's tokenizer."""
+    import os
 
     hf = paths.get("hf_checkpoint") or ""
-    out["hf_dir"] = os.path.isdir(hf)
+    out: dict = {"hf_dir": os.path.isdir(hf)}
     try:
         with open(os.path.join(hf, "config.json"), encoding="utf-8") as f:
             out["hf_config"] = json.load(f)
@@ -160,16 +177,27 @@ def node_checks(paths: dict, python: str) -> dict:
         out["data_head"] = None
         out["data_error"] = f"{type(e).__name__}: {e}"[:300]
     out["tokenizer"] = tokenizer_match(hf, data)
+    return out
+
+
+def _attune_facts() -> dict:
+    """Where ``import attune`` finds attune in this task (what the job's runtime_env gives slime's actors)."""
+    import importlib
+    import os
 
     try:
         mod = importlib.import_module("attune")
-        out["attune"] = os.path.dirname(mod.__file__ or "")
+        return {"attune": os.path.dirname(mod.__file__ or "")}
     except BaseException as e:  # noqa: BLE001 - reported, not raised
-        out["attune"] = None
-        out["attune_error"] = f"{type(e).__name__}: {e}"[:300]
+        return {"attune": None, "attune_error": f"{type(e).__name__}: {e}"[:300]}
 
-    rc, stdout, stderr = run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-                             SMI_TIMEOUT_S)
+
+def _gpu_facts() -> dict:
+    """The GPUs (name, memory in MiB) and NVLink count from nvidia-smi, or why nvidia-smi did not answer."""
+    import re
+
+    rc, stdout, stderr = _run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+                              SMI_TIMEOUT_S)
     gpus = []
     if rc == 0:
         for row in stdout.strip().splitlines():
@@ -178,9 +206,8 @@ def node_checks(paths: dict, python: str) -> dict:
                 gpus.append({"name": name.strip(), "memory_mib": float(mem)})
             except ValueError:
                 continue
-    out["gpus"] = gpus
-    out["nvidia_smi"] = None if rc == 0 else (stderr.strip().splitlines() or ["not found"])[-1][:200]
-    rc, stdout, _ = run(["nvidia-smi", "topo", "-m"], SMI_TIMEOUT_S)
+    out = {"gpus": gpus, "nvidia_smi": None if rc == 0 else (stderr.strip().splitlines() or ["not found"])[-1][:200]}
+    rc, stdout, _ = _run(["nvidia-smi", "topo", "-m"], SMI_TIMEOUT_S)
     out["nvlink_count"] = len(re.findall(r"NV\d+", stdout)) if rc == 0 else None
     return out
 

@@ -25,19 +25,20 @@ from attune.errors import NoFeasibleLayout, UserInputError
 from attune.recipe import Recipe, lint, write_recipe
 from attune.reporting import build_recipe, recipe_path, write_csv, write_report
 from attune.reporting.precision_recipe import low_precision_recipe
+from attune.runners.base import Capabilities
 from attune.runners.registry import get_runner, resolve_runner, runner_capabilities
 from attune.search.interrupt import fail_left_running
 from attune.search.options import TuneOptions
 from attune.search.precision_search import PrecisionComparison, allowed_recipes, compare
 from attune.search.records import records, study_counts
-from attune.search.space import load_space
+from attune.search.space import SearchSpace, load_space
 from attune.search.storage import check_url, mask_url
 from attune.search.tuner import StudyError, TuneConfig, TuneOutcome, Tuner
 from attune.spec.baselines import baseline_layout
 from attune.spec.engine import DEFAULT_ENGINE, get_engine
-from attune.spec.hardware import parse_cluster
+from attune.spec.hardware import Cluster, parse_cluster
 from attune.spec.layout import Workload
-from attune.spec.model import load_model
+from attune.spec.model import ModelSpec, load_model
 from attune.spec.precision import recipe_of
 from attune.torchmodels.data import load_rows
 
@@ -69,50 +70,79 @@ def tune_config(options: TuneOptions | None = None, /, **overrides) -> TuneConfi
     overrides replace fields of ``options``). The runner's declared capabilities decide the engine, workload, search
     space, trial counts and baseline limits it needs."""
     o = replace(options, **overrides) if options is not None else TuneOptions(**overrides)
-    (model, gpus, runner, gpus_per_node, price, engine, seq, global_batch, steps, search_space, seed, storage,
-     study_name, out, cluster_file, data, measurements) = (
-        o.model, o.gpus, o.runner, o.gpus_per_node, o.price, o.engine, o.seq, o.global_batch, o.steps, o.search_space,
-        o.seed, o.storage, o.study_name, o.out, o.cluster_file, o.data, o.measurements)
-    name = resolve_runner(runner, o.trial_kind)
+    name = resolve_runner(o.runner, o.trial_kind)
     caps = runner_capabilities(name)
-    if storage is not None:
-        check_url(storage)  # a malformed URL or a missing folder is exit 2 before any work
-    m = load_model(model)
-    cluster = parse_cluster(gpus, gpus_per_node, price)
-    eng = get_engine(caps.engine or engine or DEFAULT_ENGINE)
-    wl = caps.default_workload or Workload()
-    if seq or global_batch:
-        wl = replace(wl, **{k: v for k, v in (("seq_length", seq), ("global_batch", global_batch)) if v})
-    workload_note = ""
-    if not global_batch:
-        wl, workload_note = batch_for_cluster(wl, cluster.world_size)
-    if steps:
-        wl = wl.with_steps(steps)
-    default_space = caps.default_search_space
-    if m.moe is not None and default_space in (None, "dense"):
-        default_space = "moe"  # MoE models: EP, ETP and the dispatcher on top of the dense knobs (issue 14)
-    elif m.moe is not None and default_space == "small":
-        default_space = "small-moe"  # the small space plus EP (the torch runner's EP, issue 14)
-    space = load_space(search_space or default_space)
-    opts = {}
-    if caps.needs_cluster_file:
-        if not cluster_file:
-            raise StudyError(f"the {runner} runner needs --cluster cluster.yaml (format: docs/cluster.md)")
-        # the study name goes into every Ray submission id, so a resubmission finds this study's job only
-        opts.update(cluster_file=cluster_file, study=study_name or f"{m.name}-{cluster.spec}-{space.name}-seed{seed}")
-    if caps.needs_measurements:
-        if not measurements:
-            raise StudyError(f"the {runner} runner needs --measurements FILE (a CSV or YAML table; see the README)")
-        opts.update(measurements=measurements, model=m, world_size=cluster.world_size)
-    if data is not None and caps.engine == "torch" and not caps.needs_cluster_file:  # the trainer reads it here
-        _check_data(data, wl.seq_length, m.vocab)  # before the first trial, not after four failed ones
+    if o.storage is not None:
+        check_url(o.storage)  # a malformed URL or a missing folder is exit 2 before any work
+    m = load_model(o.model)
+    cluster = parse_cluster(o.gpus, o.gpus_per_node, o.price)
+    eng = get_engine(caps.engine or o.engine or DEFAULT_ENGINE)
+    wl, workload_note = _workload(o, caps, cluster.world_size)
+    space = load_space(o.search_space or _default_space(caps, m))
+    opts = _runner_options(o, caps, m, cluster, space)
+    if o.data is not None and caps.engine == "torch" and not caps.needs_cluster_file:  # the trainer reads it here
+        _check_data(o.data, wl.seq_length, m.vocab)  # before the first trial, not after four failed ones
     run = get_runner(name, **opts)
     base, note = baseline_layout(m, cluster, wl, eng, **caps.baseline_limits())
-    out_dir = Path(out) if out else default_out_dir(m.name, cluster.spec)
-    check_out_dir(out_dir)
-    name_of_study = study_name or f"{m.name}-{cluster.spec}-{runner}-{eng.name}-{space.name}"
+    name_of_study = o.study_name or f"{m.name}-{cluster.spec}-{o.runner}-{eng.name}-{space.name}"
     identity = {"model": m.name, "gpus": cluster.spec, "runner": run.name, "engine": eng.name,
-                "study_name": name_of_study, "storage": mask_url(storage) if storage else "study.db"}
+                "study_name": name_of_study, "storage": mask_url(o.storage) if o.storage else "study.db"}
+    out_dir = _claimed_out_dir(o.out, m.name, cluster.spec, identity)
+    return TuneConfig(model=m, cluster=cluster, engine=eng, workload=wl, space=space, runner=run, baseline=base,
+                      baseline_note=note, workload_note=workload_note, trials=o.trials or caps.default_trials,
+                      candidates=o.candidates or caps.default_candidates, slack=o.slack, seed=o.seed,
+                      storage=o.storage or f"sqlite:///{(out_dir / 'study.db').resolve()}",
+                      study_name=name_of_study,
+                      out_dir=out_dir, timeout_s=o.timeout_s, headroom=o.memory_headroom, data_path=o.data,
+                      sampler=o.sampler, recalibrate=o.recalibrate, min_gain=o.min_gain, p_stop=o.p_stop,
+                      budget_gpu_hours=o.budget_gpu_hours, heartbeat_interval_s=o.heartbeat_interval_s,
+                      grace_period_s=o.grace_period_s, storage_timeout_s=o.storage_timeout_s)
+
+
+def _workload(o: TuneOptions, caps: Capabilities, world_size: int) -> tuple[Workload, str]:
+    """The runner's workload with the options' sequence, global batch and steps; without a global batch, one the
+    cluster's data-parallel sizes divide (and the note that says so)."""
+    wl = caps.default_workload or Workload()
+    if o.seq or o.global_batch:
+        wl = replace(wl, **{k: v for k, v in (("seq_length", o.seq), ("global_batch", o.global_batch)) if v})
+    workload_note = ""
+    if not o.global_batch:
+        wl, workload_note = batch_for_cluster(wl, world_size)
+    if o.steps:
+        wl = wl.with_steps(o.steps)
+    return wl, workload_note
+
+
+def _default_space(caps: Capabilities, m: ModelSpec) -> str | None:
+    """The runner's default search space, its MoE variant for a MoE model."""
+    if m.moe is not None and caps.default_search_space in (None, "dense"):
+        return "moe"  # MoE models: EP, ETP and the dispatcher on top of the dense knobs (issue 14)
+    if m.moe is not None and caps.default_search_space == "small":
+        return "small-moe"  # the small space plus EP (the torch runner's EP, issue 14)
+    return caps.default_search_space
+
+
+def _runner_options(o: TuneOptions, caps: Capabilities, m: ModelSpec, cluster: Cluster, space: SearchSpace) -> dict:
+    """What the runner is built with: the cluster file and study name, or the measurements table."""
+    opts: dict = {}
+    if caps.needs_cluster_file:
+        if not o.cluster_file:
+            raise StudyError(f"the {o.runner} runner needs --cluster cluster.yaml (format: docs/cluster.md)")
+        # the study name goes into every Ray submission id, so a resubmission finds this study's job only
+        opts.update(cluster_file=o.cluster_file,
+                    study=o.study_name or f"{m.name}-{cluster.spec}-{space.name}-seed{o.seed}")
+    if caps.needs_measurements:
+        if not o.measurements:
+            raise StudyError(f"the {o.runner} runner needs --measurements FILE (a CSV or YAML table; see the README)")
+        opts.update(measurements=o.measurements, model=m, world_size=cluster.world_size)
+    return opts
+
+
+def _claimed_out_dir(out: str | None, model_name: str, cluster_spec: str, identity: dict) -> Path:
+    """The output folder, claimed for this study: ``out`` (refused with one line when it holds another study), or
+    the default folder, or the next free ``<default>-2``, ``-3``, ... when today's holds another study."""
+    out_dir = Path(out) if out else default_out_dir(model_name, cluster_spec)
+    check_out_dir(out_dir)
     for n in range(2, 100):
         try:
             claim_out_dir(out_dir, identity)
@@ -120,18 +150,9 @@ def tune_config(options: TuneOptions | None = None, /, **overrides) -> TuneConfi
         except OutDirError:
             if out:  # a folder the user named: refused with one line
                 raise
-            # the default folder holds another study of today: the next free one (<default>-2, -3, ...)
-            out_dir = check_out_dir(default_out_dir(m.name, cluster.spec).with_name(
-                f"{default_out_dir(m.name, cluster.spec).name}-{n}"))
-    return TuneConfig(model=m, cluster=cluster, engine=eng, workload=wl, space=space, runner=run, baseline=base,
-                      baseline_note=note, workload_note=workload_note, trials=o.trials or caps.default_trials,
-                      candidates=o.candidates or caps.default_candidates, slack=o.slack, seed=seed,
-                      storage=storage or f"sqlite:///{(out_dir / 'study.db').resolve()}",
-                      study_name=name_of_study,
-                      out_dir=out_dir, timeout_s=o.timeout_s, headroom=o.memory_headroom, data_path=data,
-                      sampler=o.sampler, recalibrate=o.recalibrate, min_gain=o.min_gain, p_stop=o.p_stop,
-                      budget_gpu_hours=o.budget_gpu_hours, heartbeat_interval_s=o.heartbeat_interval_s,
-                      grace_period_s=o.grace_period_s, storage_timeout_s=o.storage_timeout_s)
+            default = default_out_dir(model_name, cluster_spec)
+            out_dir = check_out_dir(default.with_name(f"{default.name}-{n}"))
+    return out_dir
 
 
 @dataclass(kw_only=True)

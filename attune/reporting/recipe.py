@@ -42,20 +42,63 @@ def rerun_of(cfg: TuneConfig, layout: Layout) -> Rerun:
 
 def build_recipe(cfg: TuneConfig, out: TuneOutcome) -> Recipe:
     """The winner in the seed recipe's format."""
-    best, base = out.best, out.baseline
-    lay = best.to_layout()
-    model, cluster, wl, eng = cfg.model, cfg.cluster, cfg.workload, cfg.engine
-    est = estimate(model, cluster, lay, wl, eng, cfg.coefficients, check_layout=False)
-    measured = bool(best.measured)
+    lay = out.best.to_layout()
+    model, cluster, wl = cfg.model, cfg.cluster, cfg.workload
+    est = estimate(model, cluster, lay, wl, cfg.engine, cfg.coefficients, check_layout=False)
+    measured = bool(out.best.measured)
+    rerun = rerun_of(cfg, lay)
+    return Recipe(
+        schema_version=1,
+        model=model.name,
+        gpu=Gpu(type=cluster.type_key,
+                memory_gb=_gpu_marketing_gb(cluster.gpu.name) or round(cluster.gpu.memory_bytes / 1e9),
+                count=cluster.world_size, per_node=cluster.gpus_per_node, instance=None),
+        author=Author(name="attune", url=None),
+        status="measured" if measured else "predicted",
+        stack=_stack(cfg, measured, rerun),
+        workload=WorkloadBlock(row_tokens=wl.seq_length,
+                               rows="packed rows" if cfg.data_path else "synthetic rows (seeded)",
+                               global_batch=wl.global_batch, precision=lay.precision),
+        layout=validate_block(to_recipe_block(lay, model, batching(lay, wl, cfg.engine)), LayoutBlock, "layout"),
+        result=_result(cfg, out, measured),
+        correctness=Correctness(result="not_run", summary="not run: predicted by the model" if not measured
+                                else "not run yet: attune verify"),
+        env=dict(rerun.env),
+        patches=[],
+        run=rerun.command,
+        notes="".join(f"- {n}\n" for n in _notes(cfg, out, est, measured)),
+    )
+
+
+def _result(cfg: TuneConfig, out: TuneOutcome, measured: bool) -> Result:
+    """The winner's result block: throughput, cost, MFU, the measurement window and the search's GPU hours."""
+    best, model, cluster, wl = out.best, cfg.model, cfg.cluster, cfg.workload
     tps = float(best.value)
-    usd = usd_per_million_tokens(tps, cluster.gpu)
-    mfu = model_flops_utilization(tps, model, cluster.gpu)
     a, b = wl.window
     gpu_hours = sum(float(r.gpu_hours or 0.0) for r in records(out.study))
+    today = dt.datetime.now(dt.timezone.utc).date().isoformat()
+    return Result(
+        tokens_per_s_per_gpu=round(tps, 2), usd_per_million_tokens=round(usd_per_million_tokens(tps, cluster.gpu), 4),
+        step_time_cv_percent=round(float(best.step_time_cv_percent or 0.0), 3),
+        mfu=round(model_flops_utilization(tps, model, cluster.gpu), 4),
+        mfu_note="tokens/s/GPU x 6 x active parameters / dense BF16 peak" + ("" if measured else "; predicted"),
+        active_params=ActiveParams(count=model.active_params, source=model.source or f"config of {model.name}",
+                                   revision=None),
+        measured=today if measured else None,
+        steps_per_run=wl.steps, window=[a, b], window_tokens=wl.tokens_per_step * (b - a + 1),
+        runs=1, profiler=False, gpu_hours=round(gpu_hours, 4),
+        gpu_hours_note=("GPUs x wall time of every measured trial of the search, including start-up" if measured
+                        else "nothing ran: the sim runner predicts"),
+        **_throughput_basis(cfg, best, measured))
+
+
+def _notes(cfg: TuneConfig, out: TuneOutcome, est, measured: bool) -> list[str]:
+    """How the winner was found, the baseline and the gain over it, and the predicted peak memory."""
+    best, base = out.best, out.baseline
     kind = "measured" if measured else "predicted"
+    tps = float(best.value)
     base_tps = float(base.value) if (base is not None and base.value is not None) else None
     gain = (tps / base_tps - 1) if base_tps else None
-    rerun = rerun_of(cfg, lay)
     counts = study_counts(out.study)
     notes = [f"Found by attune tune ({cfg.runner.name} runner, {cfg.engine.name} engine, search space "
              f"'{cfg.space.name}', TPE seed {cfg.seed}): {counts.estimated} candidates estimated, "
@@ -69,40 +112,7 @@ def build_recipe(cfg: TuneConfig, out: TuneOutcome) -> Recipe:
         notes.append(f"Gain over the baseline: {100 * gain:+.1f}% ({kind}).")
     notes.append(f"Peak memory (predicted): {est.memory.peak_gib:.1f} GiB on stage {est.memory.peak_stage} of "
                  f"{est.memory.capacity_gib:.1f} GiB.")
-    today = dt.datetime.now(dt.timezone.utc).date().isoformat()
-    return Recipe(
-        schema_version=1,
-        model=model.name,
-        gpu=Gpu(type=cluster.type_key,
-                memory_gb=_gpu_marketing_gb(cluster.gpu.name) or round(cluster.gpu.memory_bytes / 1e9),
-                count=cluster.world_size, per_node=cluster.gpus_per_node, instance=None),
-        author=Author(name="attune", url=None),
-        status="measured" if measured else "predicted",
-        stack=_stack(cfg, measured, rerun),
-        workload=WorkloadBlock(row_tokens=wl.seq_length,
-                               rows="packed rows" if cfg.data_path else "synthetic rows (seeded)",
-                               global_batch=wl.global_batch, precision=lay.precision),
-        layout=validate_block(to_recipe_block(lay, model, batching(lay, wl, eng)), LayoutBlock, "layout"),
-        result=Result(
-            tokens_per_s_per_gpu=round(tps, 2), usd_per_million_tokens=round(usd, 4),
-            step_time_cv_percent=round(float(best.step_time_cv_percent or 0.0), 3),
-            mfu=round(mfu, 4),
-            mfu_note="tokens/s/GPU x 6 x active parameters / dense BF16 peak" + ("" if measured else "; predicted"),
-            active_params=ActiveParams(count=model.active_params, source=model.source or f"config of {model.name}",
-                                       revision=None),
-            measured=today if measured else None,
-            steps_per_run=wl.steps, window=[a, b], window_tokens=wl.tokens_per_step * (b - a + 1),
-            runs=1, profiler=False, gpu_hours=round(gpu_hours, 4),
-            gpu_hours_note=("GPUs x wall time of every measured trial of the search, including start-up" if measured
-                            else "nothing ran: the sim runner predicts"),
-            **_throughput_basis(cfg, best, measured)),
-        correctness=Correctness(result="not_run", summary="not run: predicted by the model" if not measured
-                                else "not run yet: attune verify"),
-        env=dict(rerun.env),
-        patches=[],
-        run=rerun.command,
-        notes="".join(f"- {n}\n" for n in notes),
-    )
+    return notes
 
 
 def _throughput_basis(cfg: TuneConfig, best, measured: bool) -> dict:

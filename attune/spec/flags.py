@@ -448,61 +448,62 @@ def to_flags(layout: Layout, workload: Workload | None = None, engine: Engine | 
     """Megatron-LM / slime flags for a layout (and the workload's batch and row length), in table order;
     ``from_flags`` reads them back to the same layout. ``engine`` is accepted for callers that pass it."""
     objects = {"layout": layout, "workload": workload}
-    dynamic = bool(layout.max_tokens_per_gpu)
     out: list[str] = []
-    written: dict[str, str | None] = {}
-
-    def write(spec: FlagSpec, value: Any = None) -> None:
+    written: dict[str, str | None] = {}  # flag -> the words written after it (None for a switch)
+    for spec in flag_table().values():
+        value = _flag_value(spec, layout, objects, written)
+        if value is _NOT_WRITTEN:
+            continue
         out.append(spec.name)
         if spec.arity == "values":
             words = [format_value(v) for v in value]
             out.extend(words)
             written[spec.name] = " ".join(words)
-            return
+            continue
         text = None if spec.arity == "switch" else format_value(value)
         if text is not None:
             out.append(text)
         written[spec.name] = text
-
-    def condition_holds(cond: str) -> bool:
-        flag, has_value, value = cond.partition("=")
-        return flag in written and (not has_value or written[flag] == value)
-
-    for spec in flag_table().values():
-        if spec.emit == "never":
-            continue
-        if spec.name == DYNAMIC_BATCHING:
-            if dynamic:
-                write(spec)
-            continue
-        if spec.name == MICRO_BATCH and dynamic:
-            continue
-        if spec.name == VIRTUAL_STAGES and layout.pipeline_layout is not None:
-            continue
-        if spec.name == FINE_GRAINED_OFFLOAD:
-            if layout.offload_modules:
-                write(spec)
-            continue
-        if spec.arity == "values" and spec.target is not None and objects[spec.target[0]] is not None:
-            if spec.only_with is None or condition_holds(spec.only_with):
-                value = getattr(objects[spec.target[0]], spec.target[1])
-                if value:
-                    write(spec, value)
-            continue
-        if spec.only_with is not None and not condition_holds(spec.only_with):
-            continue
-        if spec.fixed is not None:
-            write(spec, spec.fixed)
-            continue
-        if spec.target is None or objects[spec.target[0]] is None:
-            continue
-        value = getattr(objects[spec.target[0]], spec.target[1])
-        if spec.sets is not None:
-            if value == spec.sets:
-                write(spec)
-        elif spec.arity == "switch":
-            if value:
-                write(spec)
-        elif value is not None and (spec.emit == "always" or spec.only_with is not None or value != spec.absent):
-            write(spec, value)
     return out
+
+
+_NOT_WRITTEN = object()
+"""``_flag_value``'s answer for a flag the layout does not write."""
+
+
+def _flag_value(spec: FlagSpec, layout: Layout, objects: dict, written: dict[str, str | None]) -> Any:
+    """The value ``to_flags`` writes for ``spec`` (None for a switch), or ``_NOT_WRITTEN``; ``written`` holds the
+    flags written before it (its ``only_with`` condition reads them)."""
+    dynamic = bool(layout.max_tokens_per_gpu)
+    if spec.emit == "never":
+        return _NOT_WRITTEN
+    if spec.name == DYNAMIC_BATCHING:
+        return None if dynamic else _NOT_WRITTEN
+    if spec.name == FINE_GRAINED_OFFLOAD:
+        return None if layout.offload_modules else _NOT_WRITTEN
+    if (spec.name == MICRO_BATCH and dynamic) or (spec.name == VIRTUAL_STAGES and layout.pipeline_layout is not None):
+        return _NOT_WRITTEN
+    holds = spec.only_with is None or _condition_holds(spec.only_with, written)
+    if spec.arity == "values" and spec.target is not None and objects[spec.target[0]] is not None:
+        value = getattr(objects[spec.target[0]], spec.target[1]) if holds else None
+        return value if value else _NOT_WRITTEN
+    if not holds:
+        return _NOT_WRITTEN
+    if spec.fixed is not None:
+        return spec.fixed
+    if spec.target is None or objects[spec.target[0]] is None:
+        return _NOT_WRITTEN
+    value = getattr(objects[spec.target[0]], spec.target[1])
+    if spec.sets is not None:
+        return None if value == spec.sets else _NOT_WRITTEN
+    if spec.arity == "switch":
+        return None if value else _NOT_WRITTEN
+    if value is not None and (spec.emit == "always" or spec.only_with is not None or value != spec.absent):
+        return value
+    return _NOT_WRITTEN
+
+
+def _condition_holds(cond: str, written: dict[str, str | None]) -> bool:
+    """``--flag`` (written) or ``--flag=value`` (written with that value)."""
+    flag, has_value, value = cond.partition("=")
+    return flag in written and (not has_value or written[flag] == value)

@@ -304,8 +304,6 @@ class RayJobs:
         start, _, _ = self._info_times(sid)
         start = start or t_local0
         streamed: list[str] = []
-        pending_seen, admitted = False, None  # admitted: when a job seen PENDING was first seen past it
-        timed_out = False
         tail = _LogTail(self.client, sid)
 
         def pump() -> None:
@@ -315,30 +313,12 @@ class RayJobs:
                     on_log(chunk)
 
         try:
-            while True:
-                status = self.status(sid)
-                pending_seen = pending_seen or status == self.JobStatus.PENDING
-                if admitted is None and pending_seen and status != self.JobStatus.PENDING:
-                    admitted = time.time()
-                pump()
-                if not self._active(status):
-                    tail.join(TAIL_DRAIN_S)
-                    pump()
-                    break
-                if timeout_s is not None and time.time() - start > timeout_s:
-                    timed_out = True
-                    break
-                tail.join(poll_s) if tail.alive() else time.sleep(poll_s)
+            status, admitted, timed_out = self._follow(sid, tail, pump, start, timeout_s, poll_s)
             tail.stop()
             pump()
             if timed_out:
                 status = self.stop(sid, grace_s=stop_grace_s, poll_s=min(poll_s, 1.0))
-            text = self.logs(sid)
-            sent = "".join(streamed)
-            if len(text) < len(sent):
-                text = sent
-            elif on_log is not None and len(text) > len(sent) and text.startswith(sent):
-                on_log(text[len(sent):])  # what the tail did not deliver
+            text = self._whole_log(sid, "".join(streamed), on_log)
         except KeyboardInterrupt:
             tail.stop()
             self.stop(sid, grace_s=stop_grace_s, poll_s=1.0)
@@ -352,3 +332,32 @@ class RayJobs:
         return JobOutcome(submission_id=sid, status=final, log=text, attached=attached,
                           wall_s=max(0.0, end - submitted), pending_s=max(0.0, pending), message=msg,
                           timed_out=timed_out)
+
+    def _follow(self, sid: str, tail: _LogTail, pump: Callable[[], None], start: float, timeout_s: float | None,
+                poll_s: float) -> tuple[object, float | None, bool]:
+        """Check the status every ``poll_s`` s, pumping the log, until the job ends or is past ``timeout_s`` s since
+        ``start``: (the last ``JobStatus`` or None, when a job seen PENDING was first seen past it or None, whether it
+        timed out)."""
+        pending_seen, admitted = False, None
+        while True:
+            status = self.status(sid)
+            pending_seen = pending_seen or status == self.JobStatus.PENDING
+            if admitted is None and pending_seen and status != self.JobStatus.PENDING:
+                admitted = time.time()
+            pump()
+            if not self._active(status):
+                tail.join(TAIL_DRAIN_S)
+                pump()
+                return status, admitted, False
+            if timeout_s is not None and time.time() - start > timeout_s:
+                return status, admitted, True
+            tail.join(poll_s) if tail.alive() else time.sleep(poll_s)
+
+    def _whole_log(self, sid: str, sent: str, on_log: Callable[[str], None] | None) -> str:
+        """The job's whole log: Ray's, or what was streamed when that is longer; hands on_log what the tail missed."""
+        text = self.logs(sid)
+        if len(text) < len(sent):
+            return sent
+        if on_log is not None and len(text) > len(sent) and text.startswith(sent):
+            on_log(text[len(sent):])  # what the tail did not deliver
+        return text

@@ -341,32 +341,14 @@ def enumerate_columns(space: SearchSpace, model: ModelSpec, world_size: int, wor
     b_full = np.array([lay is not None and lay.recompute_granularity == "full" for lay in base], dtype=bool)
     b_uniform = np.array([lay is not None and lay.recompute_method == "uniform" for lay in base], dtype=bool)
     b_mtp = np.array([lay.mtp_layers if lay is not None else 0 for lay in base], dtype=np.int64)
-    key_fn = key_function()
-    tkeys: list[tuple] = []
-    tkey_ids: dict[tuple, int] = {}
-    b_tkey = np.zeros(len(base), dtype=np.int64)
-    for j, lay in enumerate(base):
-        if lay is None:
-            continue
-        k = list(key_fn(lay, (), (), lay.recompute_granularity == "full", bool(lay.optimizer_cpu_offload),
-                        bool(lay.sp) and lay.tp > 1, None))
-        k[_POS_COUNTS] = k[_POS_VIRT] = k[_POS_N] = None
-        k = tuple(k)
-        b_tkey[j] = tkey_ids.setdefault(k, len(tkeys))
-        if b_tkey[j] == len(tkeys):
-            tkeys.append(k)
+    tkeys, b_tkey = _template_keys(base)
     t_base, t_rl = tm.base, tm.rl
     # candidates = structures x their template rows, in the enumeration's order
     lens = np.array([len(r) for r in rows_of], dtype=np.int64)
     c_struct = np.repeat(np.arange(len(structs), dtype=np.int64), lens)
     c_tmpl = np.concatenate(rows_of)
     c_base = t_base[c_tmpl]
-    # the structures' chunk bounds and split identity
-    split_ids: dict[tuple, int] = {}
-    s_split = np.array([split_ids.setdefault((s.counts, s.virt), len(split_ids)) for s in structs], dtype=np.int64)
-    s_block = np.array([max(s.counts) // s.vpp for s in structs], dtype=np.int64)
-    s_uni = np.array([min(s.counts) // s.vpp for s in structs], dtype=np.int64)
-    s_keychunk = np.array([max(s.virt) if s.virt else -(-max(s.counts) // s.vpp) for s in structs], dtype=np.int64)
+    split_ids, s_split, s_block, s_uni, s_keychunk = _structure_bounds(structs)
     full = b_full[c_base]
     uniform = b_uniform[c_base]
     chunk = np.where(uniform, s_uni[c_struct], s_block[c_struct])
@@ -390,6 +372,38 @@ def enumerate_columns(space: SearchSpace, model: ModelSpec, world_size: int, wor
                            knobs=tuple(k for k in (*_PARAM_ORDER, *(g.name for g, _, _ in tm.generic), "stage_layout")
                                        if k in space.knobs),
                            features=features, num_layers=L, target=(space, model, world_size, workload, engine))
+
+
+def _template_keys(base: Sequence[Layout | None]) -> tuple[list[tuple], np.ndarray]:
+    """The template part of each base row's layout key (split counts and recompute layers left out), as distinct
+    keys and each row's index into them (0 for an invalid row)."""
+    key_fn = key_function()
+    tkeys: list[tuple] = []
+    tkey_ids: dict[tuple, int] = {}
+    b_tkey = np.zeros(len(base), dtype=np.int64)
+    for j, lay in enumerate(base):
+        if lay is None:
+            continue
+        k = list(key_fn(lay, (), (), lay.recompute_granularity == "full", bool(lay.optimizer_cpu_offload),
+                        bool(lay.sp) and lay.tp > 1, None))
+        k[_POS_COUNTS] = k[_POS_VIRT] = k[_POS_N] = None
+        k = tuple(k)
+        b_tkey[j] = tkey_ids.setdefault(k, len(tkeys))
+        if b_tkey[j] == len(tkeys):
+            tkeys.append(k)
+    return tkeys, b_tkey
+
+
+def _structure_bounds(structs: list[_Structure]) -> tuple[dict[tuple, int], np.ndarray, np.ndarray, np.ndarray,
+                                                          np.ndarray]:
+    """The structures' split identity (split -> id, each structure's id) and chunk bounds: the largest chunk
+    (block recompute), the smallest (uniform), the largest virtual stage (the key's recompute count)."""
+    split_ids: dict[tuple, int] = {}
+    s_split = np.array([split_ids.setdefault((s.counts, s.virt), len(split_ids)) for s in structs], dtype=np.int64)
+    s_block = np.array([max(s.counts) // s.vpp for s in structs], dtype=np.int64)
+    s_uni = np.array([min(s.counts) // s.vpp for s in structs], dtype=np.int64)
+    s_keychunk = np.array([max(s.virt) if s.virt else -(-max(s.counts) // s.vpp) for s in structs], dtype=np.int64)
+    return split_ids, s_split, s_block, s_uni, s_keychunk
 
 
 def _empty(space: SearchSpace, model: ModelSpec, world_size: int):

@@ -161,33 +161,12 @@ class SearchSpace:
                 if tp == 1 else self.domain("sequence_parallel")
             splits = self.splits(L, pp, bool(layout_string_refusal(model, engine)))
             for (fo, lo, sl), vpp in itertools.product(splits.values(), self.domain("vpp")):
-                probe_first = L // pp + fo if pp > 1 else None
-                try:
-                    if sl == "string":
-                        counts = _string_counts(L, pp, probe_first, L // pp + lo)
-                    else:
-                        counts = stage_layer_counts(_Split(pp, vpp, probe_first, None if pp == 1 else (
-                            L - probe_first if pp == 2 else L // pp + lo), None), L)
-                except (LayoutError, ValueError):
-                    counts = None
+                counts = _probe_counts(L, pp, vpp, fo, lo, sl)
                 if counts is not None and (min(counts) < vpp if sl == "string" else any(c % vpp for c in counts)):
                     continue  # to_layout refuses every candidate of this split: VPP must divide each stage's layers
                     # (a layout string: every virtual stage needs a layer)
-                recs = []
-                for rec in self.domain("recompute"):
-                    if rec != "full":
-                        recs.append((rec, fixed_rm, fixed_rl))
-                        continue
-                    for rm in self.domain("recompute_method"):
-                        if rm == "uniform":
-                            recs.append((rec, rm, self.domain("recompute_layers")[0]))
-                        else:
-                            top = max(counts) // vpp if counts else max(self.domain("recompute_layers"))
-                            recs += [(rec, rm, n) for n in self.domain("recompute_layers") if n <= max(top, 1)]
-                moe = ([(ep, etp, dsp) for ep, etp, dsp in itertools.product(
-                    self.domain("ep"), self.domain("etp"), self.domain("dispatcher"))
-                    if (tp * cp * (world_size // (tp * pp * cp))) % (ep * etp) == 0]
-                    if model.moe is not None else [(1, 1, self.domain("dispatcher")[0])])
+                recs = self._recompute_choices(counts, vpp, fixed_rm, fixed_rl)
+                moe = self._moe_choices(model, tp, pp, cp, world_size)
                 dp = world_size // (tp * pp * cp)
                 for sp, (rec, rm, rl), off, rows, (ep, etp, dsp) in itertools.product(
                         sps, recs, self.domain("optimizer_cpu_offload"), self.domain("tokens_per_microbatch_rows"), moe):
@@ -211,6 +190,30 @@ class SearchSpace:
             return [(p, lay) for _, p, lay in sorted(out.values(), key=lambda x: x[0])]
         return [(o, p, lay, key) for key, (o, p, lay) in out.items()]
 
+    def _recompute_choices(self, counts: list[int] | None, vpp: int, fixed_rm, fixed_rl) -> list[tuple]:
+        """(recompute, method, layers) of one split: method and layers expanded only for full recompute, block layers
+        only up to a chunk's layers."""
+        recs = []
+        for rec in self.domain("recompute"):
+            if rec != "full":
+                recs.append((rec, fixed_rm, fixed_rl))
+                continue
+            for rm in self.domain("recompute_method"):
+                if rm == "uniform":
+                    recs.append((rec, rm, self.domain("recompute_layers")[0]))
+                else:
+                    top = max(counts) // vpp if counts else max(self.domain("recompute_layers"))
+                    recs += [(rec, rm, n) for n in self.domain("recompute_layers") if n <= max(top, 1)]
+        return recs
+
+    def _moe_choices(self, model: ModelSpec, tp: int, pp: int, cp: int, world_size: int) -> list[tuple]:
+        """(EP, ETP, dispatcher) of one TP x PP x CP: those whose EP x ETP divides TP x CP x DP (a dense model: one)."""
+        if model.moe is None:
+            return [(1, 1, self.domain("dispatcher")[0])]
+        return [(ep, etp, dsp) for ep, etp, dsp in itertools.product(
+            self.domain("ep"), self.domain("etp"), self.domain("dispatcher"))
+            if (tp * cp * (world_size // (tp * pp * cp))) % (ep * etp) == 0]
+
     def value(self, params: dict, key: str):
         if key in params:
             return params[key]
@@ -225,26 +228,7 @@ class SearchSpace:
         if world_size % mp:
             raise LayoutError(f"TP {tp} x PP {pp} x CP {cp} = {mp} does not divide the {world_size} GPUs")
         L = model.num_layers
-        first = last = None
-        pipeline_layout = None
-        if pp > 2 and g("stage_layout") == "string":
-            even = L // pp
-            pipeline_layout = string_layout(L, pp, vpp, even + int(g("first_offset")), even + int(g("last_offset")))
-            if pipeline_layout is None:
-                raise LayoutError("stage_layout 'string' needs PP > 2, a middle remainder to spread (else it is the "
-                                  "'split' layout) and at least VPP layers on every stage")
-        elif pp > 1:
-            even = L // pp
-            first = even + int(g("first_offset"))
-            if pp == 2:
-                last = L - first
-            else:
-                last = even + int(g("last_offset"))
-                rest = L - first - last
-                if rest > 0:
-                    last += rest % (pp - 2)  # repair so the middle stages divide evenly
-            if first < 1 or last < 1 or L - first - last < (pp - 2):
-                raise LayoutError(f"layer split first={first} last={last} leaves a stage without layers")
+        first, last, pipeline_layout = _stage_split(g, L, pp, vpp)
         offload = bool(g("optimizer_cpu_offload"))
         rec = g("recompute")
         method = n = None
@@ -255,15 +239,7 @@ class SearchSpace:
             method = g("recompute_method")
             per_chunk = (max(counts) if method == "block" else min(counts)) // vpp
             n = max(1, min(int(g("recompute_layers")), per_chunk))
-        rows = int(g("tokens_per_microbatch_rows"))
-        max_tokens = micro = None
-        if engine.dynamic_batching:
-            if (rows * workload.seq_length) % cp:
-                raise LayoutError(f"{rows} row(s) of {workload.seq_length} tokens do not split over CP {cp}")
-            max_tokens = rows * workload.seq_length // cp
-            micro = 1
-        else:
-            micro = rows
+        micro, max_tokens = _microbatch(int(g("tokens_per_microbatch_rows")), workload, cp, engine)
         lay = Layout(
             tp=tp, pp=pp, cp=cp, dp=world_size // mp, sp=bool(g("sequence_parallel")) and tp > 1, first=first, last=last,
             vpp=vpp, micro_batch_size=micro, max_tokens_per_gpu=max_tokens,
@@ -415,6 +391,55 @@ def string_layout(L: int, pp: int, vpp: int, first: int, last: int) -> str | Non
         return None
     virt = _virtual_string_counts(sc, vpp) if vpp > 1 else sc
     return layout_string(virt) if virt is not None else None
+
+
+def _probe_counts(L: int, pp: int, vpp: int, fo: int, lo: int, sl: str) -> list[int] | None:
+    """Per-stage layers of a split's offsets and stage layout (before the layout is built), None when they do not
+    give one."""
+    probe_first = L // pp + fo if pp > 1 else None
+    try:
+        if sl == "string":
+            return _string_counts(L, pp, probe_first, L // pp + lo)
+        return stage_layer_counts(_Split(pp, vpp, probe_first, None if pp == 1 else (
+            L - probe_first if pp == 2 else L // pp + lo), None), L)
+    except (LayoutError, ValueError):
+        return None
+
+
+def _stage_split(g, L: int, pp: int, vpp: int) -> tuple[int | None, int | None, str | None]:
+    """(first, last, pipeline layout) of a parameter set's offsets and stage layout (``g`` reads its values):
+    a layout string for stage layout 'string' at PP > 2, else first/last stage layers at PP > 1."""
+    if pp > 2 and g("stage_layout") == "string":
+        even = L // pp
+        pipeline_layout = string_layout(L, pp, vpp, even + int(g("first_offset")), even + int(g("last_offset")))
+        if pipeline_layout is None:
+            raise LayoutError("stage_layout 'string' needs PP > 2, a middle remainder to spread (else it is the "
+                              "'split' layout) and at least VPP layers on every stage")
+        return None, None, pipeline_layout
+    if pp <= 1:
+        return None, None, None
+    even = L // pp
+    first = even + int(g("first_offset"))
+    if pp == 2:
+        last = L - first
+    else:
+        last = even + int(g("last_offset"))
+        rest = L - first - last
+        if rest > 0:
+            last += rest % (pp - 2)  # repair so the middle stages divide evenly
+    if first < 1 or last < 1 or L - first - last < (pp - 2):
+        raise LayoutError(f"layer split first={first} last={last} leaves a stage without layers")
+    return first, last, None
+
+
+def _microbatch(rows: int, workload: Workload, cp: int, engine: Engine) -> tuple[int, int | None]:
+    """(micro batch size, max tokens per GPU) of ``rows`` rows per microbatch: with dynamic batching one
+    microbatch of at most rows x seq / CP tokens per GPU, else ``rows`` rows."""
+    if not engine.dynamic_batching:
+        return rows, None
+    if (rows * workload.seq_length) % cp:
+        raise LayoutError(f"{rows} row(s) of {workload.seq_length} tokens do not split over CP {cp}")
+    return 1, rows * workload.seq_length // cp
 
 
 # the bundled space used when none is given

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from attune.estimator import offload as knob_terms
+from attune.estimator.batch_moe import moe_group, moe_keys, moe_time_row
 from attune.estimator.costs import BF16, Shape, layer_costs, logits_flops
 from attune.estimator.memory import OVERHEAD_FIELDS, fixed_overheads
 from attune.estimator.performance import _layer_parts, _link_gbps, gemm_efficiency
@@ -78,6 +79,10 @@ class KindTables:
     logits_memory_s: np.ndarray  # [G] softmax / loss HBM passes over the logits, seconds
     embedding_memory_s: np.ndarray  # [G] the embedding lookup's HBM write, seconds
     time_dicts: list  # per group: {kind: _layer_parts dict}
+    plain_costs: list  # per group: layer_costs' dict as the times read it (``costs`` adds the routed experts' tensors)
+    moe: np.ndarray  # [G, len(batch_moe.MOE_TIME_KEYS)] one MoE layer's routed part, seconds (0 for dense models)
+    moe_dicts: list  # per group: moe.moe_layer_times' dict ({} for dense models)
+    expert_act: np.ndarray  # [G] bytes one MoE layer's routed part saves per microbatch
 
     def rows(self, idx: np.ndarray):
         """The same tables for a subset of the rows (``LayoutColumns.take(idx)``)."""
@@ -86,26 +91,30 @@ class KindTables:
 
 def kind_tables(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, tokens: np.ndarray, workload: Workload,
                 engine: Engine, coef: Coefficients) -> KindTables:
-    """Layer costs and times per group of rows sharing a Shape and TP overlap (``performance._pipeline``'s)."""
+    """Layer costs and times per group of rows sharing a Shape and TP overlap (``performance._pipeline``'s), and for
+    an MoE model the fields its routed experts read (``batch_moe.MOE_FIELDS``)."""
     gpu = cluster.gpu
     peak = gpu.bf16_tflops * 1e12 * peak_ratio(gpu, coef)
     hbm = gpu.hbm_gbps * 1e9
     ov = tp_overlap(cols, engine)
-    gid, first = group_ids(cols["tp"], cols["sp"], cols["cp"], tokens, ov)
+    gid, first = group_ids(cols["tp"], cols["sp"], cols["cp"], tokens, ov, *moe_keys(model, cols))
     kinds = model.kinds
     G, K = len(first), len(kinds)
     times, act, work, par = (np.zeros((G, K, len(TIME_KEYS))), np.zeros((G, K)), np.zeros((G, K)), np.zeros((G, K)))
     full = np.zeros((3, G))
     lg, lm, em = np.zeros(G), np.zeros(G), np.zeros(G)
-    all_costs, all_times = [], []
+    all_costs, all_times, plain, moe_t, e_act = [], [], [], [], np.zeros(G)
     for g, i in enumerate(first):
         tp, cp = int(cols["tp"][i]), int(cols["cp"][i])
         shape = Shape(tp, bool(cols["sp"][i]), cp, int(tokens[i]), workload.seq_length)
-        costs = layer_costs(model, engine, shape)
+        plain.append(layer_costs(model, engine, shape))
+        costs, mt, e_act[g] = moe_group(model, cluster, cols.layout(int(i)) if model.moe else None, shape, plain[-1],
+                                        coef)
+        moe_t.append(mt)
         tp_bw = _link_gbps(tp, 1, cluster, coef) * 1e9
         cp_bw = _link_gbps(cp, tp, cluster, coef) * 1e9
         t = {k: _layer_parts(c, peak, hbm, tp_bw, cp_bw, tp, bool(ov[i]), coef, engine.async_dgrad)
-             for k, c in costs.items()}
+             for k, c in plain[-1].items()}
         for j, k in enumerate(kinds):
             times[g, j] = [t[k][x] for x in TIME_KEYS]
             act[g, j], work[g, j], par[g, j] = costs[k].act_bytes, costs[k].bwd_work_bytes, costs[k].params_on_gpu
@@ -118,7 +127,8 @@ def kind_tables(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, tokens:
         em[g] = BF16 * shape.tokens * model.hidden / (hbm * coef.hbm_efficiency)
         all_costs.append(costs)
         all_times.append(t)
-    return KindTables(gid, all_costs, times, act, work, par, full[0], full[1], full[2], lg, lm, em, all_times)
+    return KindTables(gid, all_costs, times, act, work, par, full[0], full[1], full[2], lg, lm, em, all_times, plain,
+                      np.array([moe_time_row(d) for d in moe_t]), moe_t, e_act)
 
 
 @dataclass(frozen=True)
@@ -143,11 +153,12 @@ def knob_tables(model: ModelSpec, cols: LayoutColumns, kt: KindTables, engine: E
     freed, secs, off, freed_full = np.zeros((G, K)), np.zeros((G, K)), np.zeros((G, K)), np.zeros(G)
     for g, i in enumerate(first):
         lay = cols.layout(int(i))
-        costs, times = kt.costs[kt.gid[i]], kt.time_dicts[kt.gid[i]]
+        costs, times, tg = kt.costs[kt.gid[i]], kt.time_dicts[kt.gid[i]], kt.gid[i]
         for j, k in enumerate(model.kinds):
             c = costs[k]
             freed[g, j] = knob_terms.recompute_freed_bytes(c, k, lay, model, engine)
-            secs[g, j] = knob_terms.recompute_seconds(c, times[k], k, lay, model, engine, None)
+            secs[g, j] = knob_terms.recompute_seconds(kt.plain_costs[tg][k], times[k], k, lay, model, engine,
+                                                      kt.moe_dicts[tg] or None)
             off[g, j] = knob_terms.offloaded_bytes(c, k, lay, model, engine)
         freed_full[g] = knob_terms.recompute_freed_bytes(costs[FULL], FULL, lay, model, engine)
     return KnobTables(gid, freed, freed_full, secs, off)
@@ -166,12 +177,29 @@ class OverheadTables:
         return replace(self, gid=self.gid[idx])
 
 
+def merged_order(orders: list[list[str]]) -> list[str]:
+    """One order of every name that keeps each list's own order as a sub-sequence (the fixed overheads' dicts of
+    different rows: e.g. DeepEP's buffers before TP overlap's, as ``memory._fixed_overheads`` adds them), ties in
+    order of first appearance; an AssertionError if the lists contradict each other."""
+    seen = list(dict.fromkeys(n for o in orders for n in o))
+    after: dict[str, set] = {n: set() for n in seen}
+    for o in orders:
+        for a, b in zip(o, o[1:]):
+            after[b].add(a)
+    out: list[str] = []
+    while len(out) < len(seen):
+        ready = [n for n in seen if n not in out and after[n] <= set(out)]
+        if not ready:
+            raise AssertionError(f"fixed overheads in orders no merge can keep: {orders}")
+        out.append(ready[0])
+    return out
+
+
 def overhead_tables(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: Workload, engine: Engine,
                     coef: Coefficients) -> OverheadTables:
     keys = [object_ids(cols[f]) if cols[f].dtype == object else cols[f] for f in OVERHEAD_FIELDS]
     gid, first = group_ids(*keys)
     dicts: list[dict[tuple[int, int], dict]] = []
-    names: list[str] = []
     for i in first:
         lay = cols.layout(int(i))
         p = lay.pp
@@ -180,8 +208,8 @@ def overhead_tables(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, wor
         for s in stages:
             d = fixed_overheads(lay, workload, engine, cluster, s, model, coef)
             got[2 * (s == 0) + (s == p - 1)] = d
-            names += [k for k in d if k not in names]
         dicts.append(got)
+    names = merged_order([list(d) for g in dicts for d in g.values()])
     for g in dicts:  # the merged order must be each dict's own order (the sums below add in it)
         for d in g.values():
             if [n for n in names if n in d] != list(d):

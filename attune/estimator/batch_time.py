@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attune.estimator.batch_moe import MoeRows, add_chunk
 from attune.estimator.batch_place import BatchPlacement, kind_prefix, kinds_between
 from attune.estimator.batch_tables import TIME_KEYS, KindTables, KnobTables
 from attune.estimator.costs import BF16, FP32
@@ -153,8 +154,9 @@ def _offload_exposed(n: np.ndarray, nr: np.ndarray, T: np.ndarray, off: np.ndarr
 
 
 def stage_times(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, pl: BatchPlacement, kt: KindTables,
-                kn: KnobTables, pp_send: np.ndarray) -> BatchStageTime:
-    """Per stage and microbatch: ``performance._pipeline``'s per-stage loop over rows."""
+                kn: KnobTables, pp_send: np.ndarray, mr: MoeRows | None = None) -> BatchStageTime:
+    """Per stage and microbatch: ``performance._pipeline``'s per-stage loop over rows (``mr``: an MoE model's
+    routed experts, ``batch_moe.moe_rows``)."""
     N, S, C, K = pl.kinds.shape
     T, rs, off = kt.times[kt.gid], kn.seconds[kn.gid], kn.offloaded[kn.gid]
     kinds = pl.kinds.astype(np.float64)
@@ -168,6 +170,8 @@ def stage_times(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, pl: Bat
         n_c, r_c = kinds[:, :, c], (np.zeros_like(kinds[:, :, c]) if rec is None else rec[:, :, c])
         for k in range(K):
             _chunk_kinds(parts, fwd_comm, n_c[..., k], None if rec is None else r_c[..., k], Tk[k], tmp)
+        if mr is not None:
+            add_chunk(parts, mr, n_c, None if rec is None else r_c)
         for k in range(K if selective else 0):  # selective recompute: the recomputed modules' forward again
             parts["recompute"] += n_c[..., k] * rs[:, k, None]
         if offload:
@@ -229,8 +233,9 @@ def grad_bytes(cols: LayoutColumns, engine: Engine) -> np.ndarray:
 
 
 def dp_seconds(cluster: Cluster, cols: LayoutColumns, engine: Engine, coef: Coefficients, pl: BatchPlacement,
-               st: BatchStageTime, params: np.ndarray) -> np.ndarray:
-    """[N] exposed DP gradient reduce-scatter / all-reduce and parameter all-gather, the slowest stage's."""
+               st: BatchStageTime, params: np.ndarray, expert_s: np.ndarray | None = None) -> np.ndarray:
+    """[N] exposed DP gradient reduce-scatter / all-reduce and parameter all-gather, the slowest stage's
+    (``expert_s``: [N, S] an MoE model's expert-DP communication, ``batch_moe.expert_dp_seconds``)."""
     tp, dist = cols["tp"], cols["distributed_optimizer"]
     d = cols["dp"] * cols["cp"]
     gb = grad_bytes(cols, engine)
@@ -247,18 +252,22 @@ def dp_seconds(cluster: Cluster, cols: LayoutColumns, engine: Engine, coef: Coef
         t_ag = np.where(dist, p * (d - 1) / d * BF16 / bw + lat, 0.0)
         t_rs = np.where(ov_grad, np.maximum(t_rs - bwd - drain, t_rs / n_buckets), t_rs)
         t_ag = np.where(ov_param, np.maximum(t_ag - fwd, t_ag / n_buckets), t_ag)
-        dp_s = np.where(pl.stage[:, s], np.maximum(dp_s, t_rs + t_ag + 0.0), dp_s)
+        dp_s = np.where(pl.stage[:, s], np.maximum(dp_s, t_rs + t_ag + (0.0 if expert_s is None else expert_s[:, s])),
+                        dp_s)
         drain = drain + bwd
     return np.where(d > 1, dp_s, 0.0)
 
 
 def optimizer_seconds(cluster: Cluster, cols: LayoutColumns, engine: Engine, coef: Coefficients,
-                      pl: BatchPlacement, params: np.ndarray) -> np.ndarray:
-    """[N] the optimizer step on the GPU and / or the CPU with its PCIe copies (``estimate_performance``)."""
+                      pl: BatchPlacement, params: np.ndarray, expert_shard: np.ndarray | None = None) -> np.ndarray:
+    """[N] the optimizer step on the GPU and / or the CPU with its PCIe copies (``estimate_performance``;
+    ``expert_shard``: an MoE model's routed-expert shard, ``batch_moe.expert_shard``)."""
     gpu = cluster.gpu
     dist = cols["distributed_optimizer"]
     div = np.where(dist, cols["dp"] * cols["cp"], 1)
     shard = np.where(pl.stage, params, -np.inf).max(axis=1) / div
+    if expert_shard is not None:
+        shard = shard + expert_shard
     frac = np.where(cols["optimizer_cpu_offload"], cols["offload_fraction"], 0.0)
     pao = cols["precision_aware_optimizer"]
     states = np.where(pao, BF16 + 2 * FP32, 3 * FP32)

@@ -11,8 +11,9 @@ so both estimate the same layouts. What is compared: every float of `Estimate.me
 `--batch`: instead of a reference commit, this tree's array engine against its scalar path: the same random layouts
 are estimated one by one with `estimate()` and as one `LayoutColumns` batch per (model, cluster) with `estimate_batch`,
 and every term (`estimate_terms` / `BatchEstimate.terms`: per-stage time parts and memory terms, named overheads, the
-step, tokens/s/GPU, peaks, the verdict) must agree within 1e-9 relative. Rows of MoE models and low-precision rows go
-through the scalar path inside the batch (`attune.estimator.batch.scalar_rows`); their count is printed.
+step, tokens/s/GPU, peaks, the verdict) must agree within 1e-9 relative, per model too. Low-precision and MTP rows go
+through the scalar path inside the batch (`attune.estimator.batch.scalar_rows`); their count is printed. MoE models
+draw from the dense space's knobs and the `moe` space's (EP, ETP, dispatcher, the expert all-to-all overlap).
 """
 
 from __future__ import annotations
@@ -105,10 +106,12 @@ def draw_cases(names: list[str], per_model: int, seed: int) -> list[dict]:
     cases = []
     for name in names:
         model = load_model(name)
-        knobs = dict(base.knobs, comm_overlap=(False, True))
-        if model.moe is not None:
-            knobs.update(ep=(1, 2, 4, 8), etp=(1, 2), dispatcher=("alltoall", "allgather", "flex"))
-        space = SearchSpace(name="equivalence", path="", knobs=knobs, fixed=dict(base.fixed))
+        knobs, fixed = dict(base.knobs, comm_overlap=(False, True)), dict(base.fixed)
+        if model.moe is not None:  # the moe space's knobs too (EP, ETP, dispatcher, the a2a overlap, optimizer offload)
+            moe = load_space("moe")
+            knobs.update(moe.knobs)
+            fixed = {k: v for k, v in {**fixed, **moe.fixed}.items() if k not in knobs}
+        space = SearchSpace(name="equivalence", path="", knobs=knobs, fixed=fixed)
         got, tries = 0, 0
         while got < per_model and tries < 50 * per_model:
             tries += 1
@@ -141,9 +144,10 @@ def compare(a: list[dict], b: list[dict], cases: list[dict]) -> tuple[int, float
     return n, worst, bad
 
 
-def batch_check(cases: list[dict]) -> tuple[int, float, list[str], int]:
-    """(terms compared, largest relative difference, first disagreements, scalar-path rows): estimate_batch per
-    (model, cluster) against estimate() row by row, on this tree."""
+def batch_check(cases: list[dict]) -> tuple[int, float, list[str], int, dict]:
+    """(terms compared, largest relative difference, first disagreements, scalar-path rows, per model (layouts, terms,
+    largest relative difference, scalar-path rows)): estimate_batch per (model, cluster) against estimate() row by
+    row, on this tree."""
     from attune.estimator import estimate, estimate_batch
     from attune.estimator.batch import estimate_terms
     from attune.spec.columns import LayoutColumns
@@ -159,11 +163,15 @@ def batch_check(cases: list[dict]) -> tuple[int, float, list[str], int]:
         groups.setdefault((c["model"], c["gpus"]), []).append(i)
     n = scalar = 0
     worst, bad = 0.0, []
+    per: dict[str, list] = {}
     for (name, gpus), idx in groups.items():
         model, cluster = load_model(name), parse_cluster(gpus)
         lays = [layout_from_dict(cases[i]["layout"]) for i in idx]
         b = estimate_batch(model, cluster, LayoutColumns.from_layouts(lays), wl, engine)
         scalar += int(b.scalar_rows.sum())
+        row = per.setdefault(name, [0, 0, 0.0, 0])
+        n0, w0 = n, worst
+        worst = 0.0
         for j, lay in enumerate(lays):
             e = estimate(model, cluster, lay, wl, engine, check_layout=False)
             x, y = estimate_terms(e.memory, e.perf), b.terms(j)
@@ -176,7 +184,12 @@ def batch_check(cases: list[dict]) -> tuple[int, float, list[str], int]:
                 worst = max(worst, rel)
                 if rel > RTOL and len(bad) < 20:
                     bad.append(f"{name} {gpus} {lay.label()}: {k}: scalar {v!r} batch {w!r}")
-    return n, worst, bad, scalar
+        row[0] += len(lays)
+        row[1] += n - n0
+        row[2] = max(row[2], worst)
+        row[3] += int(b.scalar_rows.sum())
+        worst = max(worst, w0)
+    return n, worst, bad, scalar, per
 
 
 def run_side(tree: Path, cases_file: str, out_file: str) -> subprocess.Popen:
@@ -203,7 +216,9 @@ def main() -> None:
     t0 = time.perf_counter()
     if args.batch:
         cases = draw_cases(names, args.per_model, args.seed)
-        n, worst, bad, scalar = batch_check(cases)
+        n, worst, bad, scalar, per = batch_check(cases)
+        for name, (rows, terms, w, sc) in per.items():
+            print(f"  {name}: {rows:,} layouts, {terms:,} terms, largest relative difference {w:.3g}, {sc:,} scalar")
         print(f"{len(cases):,} layouts of {len(names)} models ({scalar:,} through the scalar path), {n:,} terms: "
               f"estimate_batch against estimate(), largest relative difference {worst:.3g} (tolerance {RTOL:g}); "
               f"{time.perf_counter() - t0:.0f} s")

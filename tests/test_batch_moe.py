@@ -19,6 +19,7 @@ import pytest
 from attune.errors import AttuneError
 from attune.estimator import estimate, estimate_batch
 from attune.estimator.batch import scalar_rows
+from attune.estimator.batch_tables import merged_order
 from attune.search.space import SearchSpace, load_space
 from attune.spec.columns import LayoutColumns
 from attune.spec.engine import get_engine
@@ -111,3 +112,16 @@ def test_dense_and_moe_group_keys():
     assert ep[0] > 0 and len(set(ep.tolist())) == 3
     for i, r in enumerate(rows):
         assert not mismatches(scalar_terms(estimate(model, cluster, r, wl, engine, check_layout=False)), b.terms(i))
+
+
+def test_overhead_names_keep_every_rows_order():
+    """The fixed overheads of rows with and without DeepEP's buffers and TP overlap's are merged in an order that
+    keeps each row's own (memory._fixed_overheads adds deepep_buffers before tp_overlap_buffers), whichever row comes
+    first; orders that contradict each other are refused."""
+    rows = [["cuda_context", "nccl_buffers", "deepep_buffers"], ["cuda_context", "nccl_buffers", "tp_overlap_buffers"],
+            ["cuda_context", "nccl_buffers", "deepep_buffers", "tp_overlap_buffers"]]
+    for order in (rows, rows[::-1], [rows[1], rows[0], rows[2]]):
+        got = merged_order(order)
+        assert got == ["cuda_context", "nccl_buffers", "deepep_buffers", "tp_overlap_buffers"]
+    with pytest.raises(AssertionError, match="no merge"):
+        merged_order([["a", "b"], ["b", "a"]])

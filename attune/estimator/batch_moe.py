@@ -93,7 +93,6 @@ class MoeRows:
     """What the per-stage loops of one group of rows need: the routed-expert times per row and the constants of
     ``moe.host_exposed_s``."""
 
-    model: ModelSpec
     moe_mask: np.ndarray  # [K] MoE kinds
     times: list  # per MOE_TIME_KEYS: [N] seconds, one MoE layer, one microbatch
     dense_fwd: list  # per kind: [N] the six forward parts' sum (performance._pipeline's dense_fwd terms)
@@ -122,7 +121,7 @@ def moe_rows(model: ModelSpec, cols: LayoutColumns, pl: BatchPlacement, kt, time
         local = model.moe.experts / cols["ep"]
         host = (coef.moe_host_layer_s * (coef.moe_host_scoped_fraction if mode == "scoped" else 1.0)
                 + coef.moe_host_per_expert_s * local)
-    return MoeRows(model, moe_kind_mask(model), [M[:, i] for i in range(len(MOE_TIME_KEYS))], dense,
+    return MoeRows(moe_kind_mask(model), [M[:, i] for i in range(len(MOE_TIME_KEYS))], dense,
                    unpaired(cols, pl), host)
 
 

@@ -108,8 +108,8 @@ def kind_tables(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, tokens:
         tp, cp = int(cols["tp"][i]), int(cols["cp"][i])
         shape = Shape(tp, bool(cols["sp"][i]), cp, int(tokens[i]), workload.seq_length)
         plain.append(layer_costs(model, engine, shape))
-        costs, mt, e_act[g] = moe_group(model, cluster, cols.layout(int(i)) if model.moe else None, shape, plain[-1],
-                                        coef)
+        lay = cols.layout(int(i)) if model.moe is not None else None  # the routed experts read MOE_FIELDS
+        costs, mt, e_act[g] = moe_group(model, cluster, lay, shape, plain[-1], coef)
         moe_t.append(mt)
         tp_bw = _link_gbps(tp, 1, cluster, coef) * 1e9
         cp_bw = _link_gbps(cp, tp, cluster, coef) * 1e9

@@ -24,6 +24,7 @@ from functools import cached_property
 import numpy as np
 
 from attune.errors import LayoutError
+from attune.estimator import batch_precision as lp_batch
 from attune.estimator.batch_memory import BatchStageMemory, stage_memory
 from attune.estimator.batch_place import batching, place_batch
 from attune.estimator.batch_tables import (
@@ -187,8 +188,7 @@ def scalar_rows(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, engine:
     n = len(cols)
     if model.moe is not None:
         return np.ones(n, dtype=bool)
-    low = np.not_equal(cols["fp8_format"], None) | np.not_equal(cols["fp4_format"], None)
-    return low | (cols["mtp_layers"] > 0) | (cols["ep"] * cols["etp"] > 1)
+    return cols["ep"] * cols["etp"] > 1
 
 
 def _array_estimate(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: Workload, engine: Engine,
@@ -226,6 +226,8 @@ def _group_estimate(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, wor
     pipe, bubble, crit, _ = pipeline(st, pl)
     dp_s = dp_seconds(cluster, cols, engine, coef, pl, st, params)
     opt = optimizer_seconds(cluster, cols, engine, coef, pl, params)
+    cast = lp_batch.weight_cast_seconds(cluster, cols, kt.recipe, kt.plans, coef, pl.stage, params)
+    opt = opt if cast is None else opt + cast  # the weights cast to the low-precision recipe once per step
     overhead = np.full(len(cols), float(getattr(coef, engine.step_overhead)))
     step_s = pipe + dp_s + opt + overhead
     mem = stage_memory(model, cluster, cols, engine, coef, pl, kt, kn, ot, params)

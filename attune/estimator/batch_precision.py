@@ -129,9 +129,11 @@ def weight_cast_seconds(cluster: Cluster, cols: LayoutColumns, code: np.ndarray,
     return np.where(low, biggest * (read + write) / (hbm * coef.hbm_efficiency), 0.0)
 
 
-def param_gather_bytes(cols: LayoutColumns) -> np.ndarray:
+def param_gather_bytes(cols: LayoutColumns) -> np.ndarray | np.float64:
     """[N] bytes per parameter of the distributed optimizer's parameter all-gather (``precision.param_gather_bytes``):
-    1 with ``--fp8-param-gather`` on an fp8 layout, else bf16's 2."""
+    1 with ``--fp8-param-gather`` on an fp8 layout, else bf16's 2 (a scalar when no row gathers fp8)."""
+    if not cols["fp8_param_gather"].any():
+        return np.float64(BF16)
     return np.where(cols["fp8_param_gather"] & np.not_equal(cols["fp8_format"], None), 1.0, BF16)
 
 

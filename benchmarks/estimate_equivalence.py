@@ -11,7 +11,7 @@ so both estimate the same layouts. What is compared: every float of `Estimate.me
 `--batch`: instead of a reference commit, this tree's array engine against its scalar path: the same random layouts
 are estimated one by one with `estimate()` and as one `LayoutColumns` batch per (model, cluster) with `estimate_batch`,
 and every term (`estimate_terms` / `BatchEstimate.terms`: per-stage time parts and memory terms, named overheads, the
-step, tokens/s/GPU, peaks, the verdict) must agree within 1e-9 relative. Rows of MoE models and low-precision rows go
+step, tokens/s/GPU, peaks, the verdict) must agree within 1e-9 relative. Rows of MoE models (and EP > 1) go
 through the scalar path inside the batch (`attune.estimator.batch.scalar_rows`); their count is printed.
 `--batch --low-precision`: the same with every layout given a precision class drawn among those its GPU runs (bf16,
 fp8 delayed / tensorwise / blockwise with or without --fp8-param-gather on Hopper and Blackwell, mxfp8 and nvfp4 on

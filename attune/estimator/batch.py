@@ -12,8 +12,8 @@ is checked (``estimate(..., check_layout=False)``).
 
 The rows the array engine does not cover are estimated by the scalar composition (``estimate_parts``) row by row and
 written into the same arrays: ``scalar_rows`` decides which (one place), and ``BatchEstimate.scalar_rows`` says
-which rows went that way. Those are MoE models (routed experts, EP), low-precision GEMMs (fp8 / mxfp8 / nvfp4),
-multi-token prediction: their physics is being changed elsewhere and stays in one (scalar) place until it settles.
+which rows went that way. Those are MoE models (routed experts) and expert parallelism. Low-precision GEMMs (fp8 /
+mxfp8 / nvfp4: ``batch_precision``) and multi-token prediction (``batch_mtp``) of dense models are in the arrays.
 """
 
 from __future__ import annotations
@@ -183,8 +183,8 @@ _MEMORY_NAMES = frozenset(f.name for f in fields(BatchStageMemory)) - {"overhead
 
 
 def scalar_rows(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, engine: Engine) -> np.ndarray:
-    """[N] the rows the array engine does not cover (the one place that decides): every row of an MoE model;
-    low-precision GEMMs; multi-token prediction; expert parallelism."""
+    """[N] the rows the array engine does not cover (the one place that decides): every row of an MoE model (with
+    its low-precision routed experts and MoE-kind MTP layers); expert parallelism."""
     n = len(cols)
     if model.moe is not None:
         return np.ones(n, dtype=bool)

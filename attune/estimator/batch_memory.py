@@ -143,7 +143,7 @@ def optimizer_bytes(cols: LayoutColumns, engine: Engine, fp32_training: bool) ->
 def stage_memory(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, engine: Engine, coef: Coefficients,
                  pl: BatchPlacement, kt: KindTables, kn: KnobTables, ot: OverheadTables,
                  params: np.ndarray) -> BatchStageMemory:
-    """Every stage's memory terms (``estimate_memory`` for dense layers and bf16 / fp16 GEMMs)."""
+    """Every stage's memory terms (``estimate_memory`` for dense layers, bf16 / fp16 or low-precision GEMMs, MTP)."""
     N, S = pl.stage.shape
     stored, rebuilt, work = stored_bytes(model, cols, pl, kt, kn)
     mtp_b = mtp_lg = 0.0  # the last stage's multi-token-prediction layers (batch_mtp)

@@ -3,8 +3,9 @@
 Per stage and microbatch, the parts of ``performance.PARTS`` as ``[rows, stages]`` arrays, accumulated chunk by chunk
 and layer kind by layer kind in the scalar path's order (so every sum is the same floating-point sum; absent chunks and
 kinds add exact zeros); then the pipeline schedule, its one bubble, the DP communication and the optimizer step.
-Covers dense and GDN-hybrid models in bf16 / fp16 (``batch.scalar_rows`` names the rest); the per-layer times come
-from the scalar functions through ``batch_tables``.
+Covers dense and GDN-hybrid models in bf16 / fp16 and with low-precision GEMMs (``batch_precision``), with their
+multi-token-prediction layers (``batch_mtp``); ``batch.scalar_rows`` names the rest. The per-layer times come from the
+scalar functions through ``batch_tables``.
 """
 
 from __future__ import annotations

@@ -89,11 +89,13 @@ def linear_params(model: ModelSpec, engine: Engine, tp: np.ndarray, per_kind: np
 
 
 def stage_overheads(model: ModelSpec, engine: Engine, cols: LayoutColumns, code: np.ndarray, plan_list: list,
-                    stage: np.ndarray, kinds: np.ndarray, layer_params: np.ndarray) -> dict[str, np.ndarray]:
+                    stage: np.ndarray, kinds: np.ndarray, layer_params: np.ndarray,
+                    expert_params: np.ndarray | float = 0.0) -> dict[str, np.ndarray]:
     """Each stage's low-precision memory terms, GiB ``[N, S]`` (``precision.stage_memory`` for dense layers): the
     cast-weight cache, ``--fp8-param-gather``'s fp8 parameters (negative: the bf16 weight is gone) and delayed
     scaling's amax history and scales; {} when no row is low precision. ``kinds``: [N, S, C, K] layers per chunk
-    and kind; ``layer_params``: [N, K] parameters of one layer on one GPU."""
+    and kind; ``layer_params``: [N, K] parameters of one layer on one GPU; ``expert_params``: [N, S] the routed
+    experts' parameters one GPU of the stage holds (MoE: their grouped linears are cast too; 0 for dense)."""
     low = code != 0
     if not low.any():
         return {}
@@ -101,7 +103,7 @@ def stage_overheads(model: ModelSpec, engine: Engine, cols: LayoutColumns, code:
     bpe = _per_row(code, plan_list, "bytes_per_element")[:, None]
     copies = (_per_row(code, plan_list, "weight_copies") - pg)[:, None]
     n = linear_params(model, engine, cols["tp"], kinds.sum(axis=2), layer_params)
-    n = n + 0.0  # (the routed experts' parameters of an MoE stage: none here)
+    n = n + expert_params
     mask = stage & low[:, None]
     out = {"low_precision_weight_cache": np.where(mask, n * copies * bpe / GiB, 0.0)}
     if pg.any():
@@ -115,16 +117,17 @@ def stage_overheads(model: ModelSpec, engine: Engine, cols: LayoutColumns, code:
 
 
 def weight_cast_seconds(cluster: Cluster, cols: LayoutColumns, code: np.ndarray, plan_list: list,
-                        coef: Coefficients, stage: np.ndarray, params: np.ndarray) -> np.ndarray | None:
+                        coef: Coefficients, stage: np.ndarray, params: np.ndarray,
+                        expert_shard: np.ndarray | float = 0.0) -> np.ndarray | None:
     """[N] seconds casting the largest stage's weights to the recipe once per step (``precision.weight_cast_seconds``
-    on ``max(params)``): read bf16 (fp32 masters with param gather), write the cached copies; None when no row is
-    low precision."""
+    on ``max(params)``, plus an MoE model's expert optimizer shard ``expert_shard``): read bf16 (fp32 masters with
+    param gather), write the cached copies; None when no row is low precision."""
     low = code != 0
     if not low.any():
         return None
     read = np.where(cols["fp8_param_gather"], FP32, BF16)
     write = _per_row(code, plan_list, "weight_copies") * _per_row(code, plan_list, "bytes_per_element")
-    biggest = np.where(stage, params, -np.inf).max(axis=1)
+    biggest = np.where(stage, params, -np.inf).max(axis=1) + expert_shard
     hbm = cluster.gpu.hbm_gbps * 1e9
     return np.where(low, biggest * (read + write) / (hbm * coef.hbm_efficiency), 0.0)
 

@@ -12,9 +12,10 @@ is checked (``estimate(..., check_layout=False)``).
 
 The rows the array engine does not cover are estimated by the scalar composition (``estimate_parts``) row by row and
 written into the same arrays: ``scalar_rows`` decides which (one place), and ``BatchEstimate.scalar_rows`` says
-which rows went that way. Those are low-precision GEMMs (fp8 / mxfp8 / nvfp4) and multi-token prediction: their
-physics is being changed elsewhere and stays in one (scalar) place until it settles. MoE models (routed and shared
-experts, router, EP / ETP, the dispatchers, the expert all-to-all overlap, expert memory) are covered: ``batch_moe``.
+which rows went that way: the rows of an MoE model with low-precision GEMMs (fp8 / mxfp8 / nvfp4) or multi-token
+prediction. MoE models (routed and shared experts, router, EP / ETP, the dispatchers, the expert all-to-all overlap,
+expert memory: ``batch_moe``), low-precision GEMMs (``batch_precision``) and multi-token prediction (``batch_mtp``) of
+dense models are in the arrays.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import numpy as np
 
 from attune.errors import LayoutError
 from attune.estimator import batch_moe
+from attune.estimator import batch_precision as lp_batch
 from attune.estimator.batch_memory import BatchStageMemory, stage_memory
 from attune.estimator.batch_place import batching, place_batch
 from attune.estimator.batch_tables import (
@@ -186,8 +188,11 @@ _MEMORY_NAMES = frozenset(f.name for f in fields(BatchStageMemory)) - {"overhead
 
 
 def scalar_rows(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, engine: Engine) -> np.ndarray:
-    """[N] the rows the array engine does not cover (the one place that decides): low-precision GEMMs; multi-token
-    prediction. MoE models (routed experts, EP / ETP, dispatchers, a2a overlap) are covered (``batch_moe``)."""
+    """[N] the rows the array engine does not cover (the one place that decides): an MoE model's rows with
+    low-precision GEMMs or multi-token prediction. MoE models (``batch_moe``), low precision (``batch_precision``)
+    and MTP (``batch_mtp``) of dense models are covered."""
+    if model.moe is None:
+        return np.zeros(len(cols), dtype=bool)
     low = np.not_equal(cols["fp8_format"], None) | np.not_equal(cols["fp4_format"], None)
     return low | (cols["mtp_layers"] > 0)
 
@@ -234,6 +239,8 @@ def _group_estimate(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, wor
         ex_shard = batch_moe.expert_shard(model, cols, pl, ex)
     dp_s = dp_seconds(cluster, cols, engine, coef, pl, st, params, ex_s)
     opt = optimizer_seconds(cluster, cols, engine, coef, pl, params, ex_shard)
+    cast = lp_batch.weight_cast_seconds(cluster, cols, kt.recipe, kt.plans, coef, pl.stage, params)
+    opt = opt if cast is None else opt + cast  # the weights cast to the low-precision recipe once per step
     overhead = np.full(len(cols), float(getattr(coef, engine.step_overhead)))
     step_s = pipe + dp_s + opt + overhead
     mem = stage_memory(model, cluster, cols, engine, coef, pl, kt, kn, ot, params)

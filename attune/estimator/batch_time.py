@@ -3,8 +3,9 @@
 Per stage and microbatch, the parts of ``performance.PARTS`` as ``[rows, stages]`` arrays, accumulated chunk by chunk
 and layer kind by layer kind in the scalar path's order (so every sum is the same floating-point sum; absent chunks and
 kinds add exact zeros); then the pipeline schedule, its one bubble, the DP communication and the optimizer step.
-Covers dense, GDN-hybrid and MoE models (routed experts: ``batch_moe``) in bf16 / fp16 (``batch.scalar_rows`` names
-the rest); the per-layer times come from the scalar functions through ``batch_tables``.
+Covers dense, GDN-hybrid and MoE models (routed experts: ``batch_moe``) in bf16 / fp16 and with low-precision GEMMs
+(``batch_precision``), with their multi-token-prediction layers (``batch_mtp``); ``batch.scalar_rows`` names the rest.
+The per-layer times come from the scalar functions through ``batch_tables``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attune.estimator import batch_mtp as mtp_batch
+from attune.estimator import batch_precision as lp_batch
 from attune.estimator.batch_moe import MoeRows, add_chunk
 from attune.estimator.batch_place import BatchPlacement, kind_prefix, kinds_between
 from attune.estimator.batch_tables import TIME_KEYS, KindTables, KnobTables
@@ -158,7 +161,7 @@ def stage_times(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, pl: Bat
     """Per stage and microbatch: ``performance._pipeline``'s per-stage loop over rows (``mr``: an MoE model's
     routed experts, ``batch_moe.moe_rows``)."""
     N, S, C, K = pl.kinds.shape
-    T, rs, off = kt.times[kt.gid], kn.seconds[kn.gid], kn.offloaded[kn.gid]
+    T, rs, off = kt.times[kt.gid], kn.seconds[kn.gid], kn.offloaded_time[kn.gid]
     kinds = pl.kinds.astype(np.float64)
     rec = recomputed_kinds(model, cols, pl)
     rec = None if rec is None else rec.astype(np.float64)
@@ -185,6 +188,8 @@ def stage_times(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, pl: Bat
         parts["fwd_memory"] += np.where(last, mem, 0.0)
         parts["bwd_gemm"] += np.where(last, 2 * g, 0.0)
         parts["bwd_memory"] += np.where(last, mem, 0.0)
+    if kt.mtp is not None:  # the last stage's multi-token-prediction layers (batch_mtp)
+        mtp_batch.add_mtp_times(parts, model, cols, pl, kt, kn)
     parts["fwd_memory"] += np.where(pl.is_first, kt.embedding_memory_s[kt.gid][:, None], 0.0)
     fwd = parts["fwd_gemm"] + parts["fwd_attention"] + parts["fwd_gdn"] + parts["fwd_memory"]
     fwd = np.where(pl.stage, fwd + fwd_comm + pp_send[:, None] * pl.vpp[:, None], 0.0)
@@ -208,7 +213,8 @@ def stage_params(model: ModelSpec, cols: LayoutColumns, pl: BatchPlacement, kt: 
     n = n + np.where(first, model.embedding_params / tp + model.position_params, 0.0)
     tied_single = first & model.tied_embeddings
     n = n + np.where(last & ~tied_single, model.output_params / tp, 0.0)
-    return n + np.where(last, float(model.final_norm_params), 0.0)
+    n = n + np.where(last, float(model.final_norm_params), 0.0)
+    return n if kt.mtp is None else n + mtp_batch.mtp_params(model, cols, pl, kt)
 
 
 def pipeline(st: BatchStageTime, pl: BatchPlacement) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -238,7 +244,7 @@ def dp_seconds(cluster: Cluster, cols: LayoutColumns, engine: Engine, coef: Coef
     (``expert_s``: [N, S] an MoE model's expert-DP communication, ``batch_moe.expert_dp_seconds``)."""
     tp, dist = cols["tp"], cols["distributed_optimizer"]
     d = cols["dp"] * cols["cp"]
-    gb = grad_bytes(cols, engine)
+    gb, ag_bytes = grad_bytes(cols, engine), lp_batch.param_gather_bytes(cols)
     ov_grad = cols["overlap_grad_reduce"] | engine.recipe_overlap_grad_reduce
     ov_param = (cols["overlap_param_gather"] | engine.recipe_overlap_param_gather) & dist
     bw = link_bytes_per_s(d * tp, cluster, coef)
@@ -249,7 +255,7 @@ def dp_seconds(cluster: Cluster, cols: LayoutColumns, engine: Engine, coef: Coef
         p, bwd, fwd = params[:, s], st.backward_s[:, s], st.forward_s[:, s]
         n_buckets = np.maximum(1.0, p / bucket)
         t_rs = np.where(dist, p * (d - 1) / d * gb / bw + lat, 2 * p * (d - 1) / d * gb / bw + lat)
-        t_ag = np.where(dist, p * (d - 1) / d * BF16 / bw + lat, 0.0)
+        t_ag = np.where(dist, p * (d - 1) / d * ag_bytes / bw + lat, 0.0)
         t_rs = np.where(ov_grad, np.maximum(t_rs - bwd - drain, t_rs / n_buckets), t_rs)
         t_ag = np.where(ov_param, np.maximum(t_ag - fwd, t_ag / n_buckets), t_ag)
         dp_s = np.where(pl.stage[:, s], np.maximum(dp_s, t_rs + t_ag + (0.0 if expert_s is None else expert_s[:, s])),

@@ -6,7 +6,9 @@ off, shared-expert overlap, force balance, capacity factor, selective recompute 
 offload of the routed tensors, no precision-aware / distributed optimizer), on several clusters and engines (CUDA
 graphs scoped and full included): no row goes to the scalar path, and every per-stage time part (``ep_comm``,
 ``moe_host``), memory term (expert weights, grads, optimizer states, activations), named overhead (DeepEP buffers,
-the expert communicators' NCCL buffers) and step figure equals ``estimate()``'s within 1e-9 relative.
+the expert communicators' NCCL buffers) and step figure equals ``estimate()``'s within 1e-9 relative. The same with
+low-precision GEMMs (fp8 on Hopper, mxfp8 / nvfp4 on Blackwell, Megatron-Bridge's fused grouped MLP) and multi-token
+prediction (MoE-kind MTP layers: DeepSeek-V3, GLM), alone and together.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from attune.spec.engine import get_engine
 from attune.spec.hardware import parse_cluster
 from attune.spec.layout import Workload
 from attune.spec.model import load_model
+from attune.spec.precision import fields_for
 from tests.test_batch_engine import mismatches, scalar_terms
 
 MODULES = ("core_attn", "mlp", "moe", "moe_act", "shared_experts", "mla_up_proj")
@@ -67,10 +70,28 @@ def draw_moe(model, cluster, engine, wl, n: int, seed: int) -> list:
     return out
 
 
-def check(name: str, gpus: str, engine, n: int, seed: int) -> None:
+def with_recipes(lays: list, recipes: tuple[str, ...], mtp: int, seed: int) -> list:
+    """The layouts in turn in each of ``recipes`` (fp8 ones with --fp8-param-gather at random) and, with ``mtp``,
+    with that many MTP layers on about half of them (uniform full recompute then recomputes 1 layer per group)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i, lay in enumerate(lays):
+        recipe = recipes[i % len(recipes)]
+        kw = fields_for(recipe, param_gather=recipe.startswith("fp8") and bool(rng.integers(2)))
+        if mtp and (i < 3 or rng.integers(2)):
+            kw["mtp_layers"] = mtp
+            if lay.recompute_method == "uniform":
+                kw["recompute_num_layers"] = 1
+        out.append(dataclasses.replace(lay, **kw))
+    return out
+
+
+def check(name: str, gpus: str, engine, n: int, seed: int, recipes: tuple[str, ...] = (), mtp: int = 0) -> None:
     model, cluster, wl = load_model(name), parse_cluster(gpus), Workload()
     lays = draw_moe(model, cluster, engine, wl, n, seed)
     assert len(lays) >= n * 2 // 3
+    if recipes or mtp:
+        lays = with_recipes(lays, recipes or ("bf16",), mtp, seed)
     cols = LayoutColumns.from_layouts(lays)
     assert not scalar_rows(model, cluster, cols, engine).any()
     b = estimate_batch(model, cluster, cols, wl, engine)
@@ -98,6 +119,33 @@ def test_moe_batch_with_cuda_graphs(graphs):
     """The host launch time a routing sync exposes (moe.host_exposed_s) under scoped and full CUDA graphs."""
     check("Qwen3-235B-A22B", "32xH100", dataclasses.replace(get_engine("megatron-bridge"), cuda_graphs=graphs), 16,
           seed=11)
+
+
+FP8 = ("fp8-delayed", "fp8-tensorwise", "fp8-blockwise")
+# MoE x low precision and MoE x MTP (issue 18): every recipe on the GPUs that run it, bf16 rows among them;
+# Megatron-Bridge's MXFP8 recipes with TE's fused grouped MLP and FP8 attention; the MoE-kind MTP layers of
+# DeepSeek-V3 and GLM (their last layer is an MoE layer), with and without low precision
+LOW_CASES = [("Qwen3-30B-A3B", "8xH200", "slime", ("bf16",) + FP8, 0, {}),
+             ("GPT-OSS-120B", "16xH100", "megatron", FP8, 0, {}),
+             ("Qwen3.5-35B-A3B", "16xB200", "megatron-bridge", ("mxfp8", "nvfp4", "fp8-blockwise"), 0,
+              {"fused_grouped_mlp": True, "fp8_attention": True}),
+             ("Mixtral-8x7B", "16xGB200", "megatron-bridge", ("mxfp8", "nvfp4", "bf16"), 0, {"fused_grouped_mlp": True}),
+             ("DeepSeek-V3", "256xH200", "slime", ("bf16",), 1, {}),
+             ("DeepSeek-V3", "256xH200", "slime", FP8, 1, {}),
+             ("GLM-5.2-744B-A40B", "64xH200", "megatron", ("bf16", "fp8-blockwise"), 1, {}),
+             ("GLM-4.7-30B-A3B", "16xB200", "megatron-bridge", ("mxfp8", "nvfp4", "bf16"), 1,
+              {"fused_grouped_mlp": True}),
+             ("DeepSeek-V3-5layer", "4xcpu", "torch", ("fp8-delayed", "mxfp8", "nvfp4"), 1, {})]
+
+
+@pytest.mark.parametrize("name,gpus,eng,recipes,mtp,knobs", LOW_CASES)
+def test_moe_low_precision_and_mtp_equal_scalar(name, gpus, eng, recipes, mtp, knobs):
+    """The routed experts under a low-precision recipe (precision.moe_times on their grouped GEMMs, the quantized
+    saved tensors, the expert parameters in the weight cache / fp8 params, the expert shard in the weight cast) and
+    MoE-kind MTP layers (their routed experts' time, parameters, expert-DP and optimizer terms, activations) through
+    the arrays: no scalar row, every term equal to estimate()'s."""
+    check(name, gpus, dataclasses.replace(get_engine(eng), **knobs), 18, seed=len(name) * 5 + len(recipes) + mtp,
+          recipes=recipes, mtp=mtp)
 
 
 def test_dense_and_moe_group_keys():

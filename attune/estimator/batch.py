@@ -188,13 +188,11 @@ _MEMORY_NAMES = frozenset(f.name for f in fields(BatchStageMemory)) - {"overhead
 
 
 def scalar_rows(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, engine: Engine) -> np.ndarray:
-    """[N] the rows the array engine does not cover (the one place that decides): an MoE model's rows with
-    low-precision GEMMs or multi-token prediction. MoE models (``batch_moe``), low precision (``batch_precision``)
-    and MTP (``batch_mtp``) of dense models are covered."""
-    if model.moe is None:
-        return np.zeros(len(cols), dtype=bool)
-    low = np.not_equal(cols["fp8_format"], None) | np.not_equal(cols["fp4_format"], None)
-    return low | (cols["mtp_layers"] > 0)
+    """[N] the rows the array engine does not cover (the one place that decides): none. Dense and MoE models, bf16 /
+    fp16 and low-precision GEMMs (``batch_precision``, an MoE model's routed experts included), multi-token prediction
+    (``batch_mtp``, MoE-kind MTP layers: ``batch_moe``) are all arrays. Kept (all False) until the scalar composition
+    it routes to is deleted."""
+    return np.zeros(len(cols), dtype=bool)
 
 
 def _array_estimate(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: Workload, engine: Engine,
@@ -239,7 +237,8 @@ def _group_estimate(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, wor
         ex_shard = batch_moe.expert_shard(model, cols, pl, ex)
     dp_s = dp_seconds(cluster, cols, engine, coef, pl, st, params, ex_s)
     opt = optimizer_seconds(cluster, cols, engine, coef, pl, params, ex_shard)
-    cast = lp_batch.weight_cast_seconds(cluster, cols, kt.recipe, kt.plans, coef, pl.stage, params)
+    e_cast = 0.0 if ex_shard is None else batch_moe.cast_shard(cols, pl, params, ex_shard)
+    cast = lp_batch.weight_cast_seconds(cluster, cols, kt.recipe, kt.plans, coef, pl.stage, params, e_cast)
     opt = opt if cast is None else opt + cast  # the weights cast to the low-precision recipe once per step
     overhead = np.full(len(cols), float(getattr(coef, engine.step_overhead)))
     step_s = pipe + dp_s + opt + overhead

@@ -167,7 +167,8 @@ def stage_memory(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, engine
                                                                             em.state_gib)
     cls = 2 * pl.is_first + pl.is_last
     over = {n: np.where(pl.stage, ot.values[ot.gid[:, None], cls, j], 0.0) for j, n in enumerate(ot.names)}
-    lp = lp_batch.stage_overheads(model, engine, cols, kt.recipe, kt.plans, pl.stage, pl.kinds, kt.params[kt.gid])
+    lp = lp_batch.stage_overheads(model, engine, cols, kt.recipe, kt.plans, pl.stage, pl.kinds, kt.params[kt.gid],
+                                  0.0 if em is None else em.params)
     over.update(lp)  # low-precision weight cache, fp8 params, scaling state (batch_precision)
     lp_gib = sum(lp.values(), 0)
     zero = np.zeros((N, S))

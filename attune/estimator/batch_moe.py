@@ -152,11 +152,20 @@ def add_chunk(parts: dict, mr: MoeRows, n: np.ndarray, nr: np.ndarray | None) ->
 
 
 
+def mtp_moe_layers(model: ModelSpec, cols: LayoutColumns, pl: BatchPlacement) -> np.ndarray:
+    """[N, S] the multi-token-prediction layers of each stage whose MLP is an MoE block (``StagePlacement.mtp_moe``:
+    the last stage's MTP layers when the model's last layer is an MoE layer, else none)."""
+    if model.moe is None or not model.is_moe_layer(model.num_layers - 1):
+        return np.zeros(pl.stage.shape)
+    return np.where(pl.is_last, cols["mtp_layers"][:, None], 0).astype(np.float64)
+
+
 def stage_expert_params(model: ModelSpec, cols: LayoutColumns, pl: BatchPlacement) -> np.ndarray:
-    """[N, S] routed-expert parameters one GPU of each stage holds (``moe.stage_expert_params`` of its MoE layers)."""
+    """[N, S] routed-expert parameters one GPU of each stage holds (``moe.stage_expert_params`` of its MoE layers,
+    an MoE-kind MTP layer's too)."""
     if model.moe is None:
         return np.zeros(pl.stage.shape)
-    layers = pl.kinds[..., moe_kind_mask(model)].sum(axis=(2, 3))
+    layers = pl.kinds[..., moe_kind_mask(model)].sum(axis=(2, 3)) + mtp_moe_layers(model, cols, pl)
     per_layer = model.moe.routed_params(model.hidden) / (cols["ep"] * cols["etp"])
     return layers * per_layer[:, None]
 
@@ -172,6 +181,33 @@ def expert_dp_seconds(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, e
                   cluster.gpu.internode_gbps / cluster.gpus_per_node * coef.network_efficiency) * 1e9
     t = ex * (d - 1) / d * (grad_bytes + BF16)[:, None] / bw[:, None] + 2 * coef.collective_latency_s
     return np.where((d > 1) & (ex != 0), t, 0.0)
+
+
+def add_mtp_experts(parts: dict, model: ModelSpec, cols: LayoutColumns, pl: BatchPlacement, kt,
+                    uniform: np.ndarray) -> None:
+    """Add the routed experts of the last stage's MoE-kind MTP layers to its per-microbatch ``parts`` ([N, S]
+    seconds), as ``performance._mtp_parts`` does after the layer's TP / CP communication: compute, full uniform
+    recompute, dispatch / combine (no a2a overlap pairing, no host launch term). ``uniform``: [N] full uniform
+    recompute."""
+    nm = mtp_moe_layers(model, cols, pl)
+    if not nm.any():
+        return
+    M = kt.moe[kt.gid]
+    t = {k: M[:, i][:, None] for i, k in enumerate(MOE_TIME_KEYS)}
+    for key in ("gemm", "memory"):
+        parts["fwd_" + key] += nm * t["fwd_" + key]
+        parts["bwd_" + key] += nm * t["bwd_" + key]
+    u = uniform[:, None]
+    parts["recompute"] += np.where(u, nm * (t["fwd_gemm"] + t["fwd_memory"]), 0.0)
+    parts["ep_comm"] += nm * (np.where(u, 2, 1) * t["ep_fwd"] + t["ep_bwd"])
+
+
+def cast_shard(cols: LayoutColumns, pl: BatchPlacement, params: np.ndarray, ex_shard: np.ndarray) -> np.ndarray:
+    """[N] what ``estimate_performance`` adds to the largest stage's parameters for an MoE model's low-precision
+    weight cast: the optimizer's whole shard (the largest stage's parameters over DP x CP with the distributed
+    optimizer, plus the routed-expert shard ``expert_shard``)."""
+    div = np.where(cols["distributed_optimizer"], cols["dp"] * cols["cp"], 1)
+    return np.where(pl.stage, params, -np.inf).max(axis=1) / div + ex_shard
 
 
 def edp(cols: LayoutColumns) -> np.ndarray:
@@ -214,7 +250,7 @@ class ExpertMemory:
 def expert_act_bytes(model: ModelSpec, cols: LayoutColumns, engine: Engine, kt, kn) -> np.ndarray:
     """[N] bytes one MoE layer's routed part keeps per microbatch (``moe.expert_activation_bytes``), less what
     selective ``moe`` / ``moe_act`` recompute frees (``offload.routed_freed_bytes`` of the reference kind, FULL, the
-    first MoE kind of ``layer_costs``)."""
+    first MoE kind of ``layer_costs``, as memory reads it: quantized under a low-precision recipe)."""
     e_act = kt.expert_act[kt.gid]
     sel = cols["recompute_granularity"] == "selective"
     if not sel.any():
@@ -223,8 +259,8 @@ def expert_act_bytes(model: ModelSpec, cols: LayoutColumns, engine: Engine, kt, 
     freed = np.zeros(int(kn.gid.max()) + 1)
     for i in first:
         if sel[i]:
-            freed[kn.gid[i]] = knob_terms.routed_freed_bytes(kt.costs[kt.gid[i]][FULL], FULL, cols.layout(int(i)),
-                                                             model, engine)
+            freed[kn.gid[i]] = knob_terms.routed_freed_bytes(kt.mem_costs[kt.gid[i]][FULL], FULL,
+                                                             cols.layout(int(i)), model, engine)
     return np.where(sel, e_act - freed[kn.gid], e_act)
 
 
@@ -253,6 +289,9 @@ def expert_memory(model: ModelSpec, cols: LayoutColumns, engine: Engine, pl: Bat
     with np.errstate(divide="ignore", invalid="ignore"):
         share = np.where(layers > 0, moe_layers / layers, 0.0)
     acts = act_scale * pl.inflight * e_act * stored_layer_counts(cols, pl) / GiB * share
+    # an MoE-kind MTP layer's routed tensors, one microbatch (checkpointed away by full uniform recompute)
+    uniform = (cols["recompute_granularity"] == "full") & (cols["recompute_method"] == "uniform")
+    acts = acts + np.where(uniform[:, None], 0.0, act_scale * mtp_moe_layers(model, cols, pl) * e_act / GiB)
     return ExpertMemory(params=ex, state_b=ex * (w + g + o), step_b=ex * (w + g + o + copy), host_b=ex * h,
                         weights_gib=ex * w / GiB, grads_gib=ex * g / GiB, optimizer_gib=ex * o / GiB,
                         activations_gib=np.where(pl.stage, acts, 0.0))

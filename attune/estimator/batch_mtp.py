@@ -7,8 +7,8 @@ and the shared output layer run again (bf16 GEMMs), the MTP loss's softmax over 
 and the logits kept), the enorm / hnorm inputs and statistics it saves. Full uniform recompute checkpoints the MTP
 layer (its two inputs kept, eh_proj recomputed); block recompute skips it (megatron-core 0.16.1). The figures that
 depend only on the shape are computed once per kind-table group by the scalar functions (``costs.mtp_gemm``,
-``mtp_saved``, ``mtp_logits_bytes``); MoE-kind MTP layers (routed experts) are not covered here (``batch.scalar_rows``
-sends MoE models to the scalar path).
+``mtp_saved``, ``mtp_logits_bytes``); an MoE-kind MTP layer's routed experts are ``batch_moe``'s (``add_mtp_experts``,
+and the MTP layers in ``stage_expert_params`` and the expert activations).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from attune.estimator import batch_moe
 from attune.estimator.costs import FP32, Shape, mtp_gemm, mtp_logits_bytes, mtp_saved
 from attune.estimator.performance import gemm_efficiency
 from attune.spec.columns import LayoutColumns
@@ -94,6 +95,8 @@ def add_mtp_times(parts: dict, model: ModelSpec, cols: LayoutColumns, pl, kt, kn
     twice = np.where(uniform, 2, 1)[:, None]
     parts["tp_comm"] += n * (twice * col("tp_fwd") + col("tp_bwd"))
     parts["cp_comm"] += n * (twice * col("cp_fwd") + col("cp_bwd"))
+    if model.moe is not None:  # an MoE-kind MTP layer's routed experts
+        batch_moe.add_mtp_experts(parts, model, cols, pl, kt, uniform)
     mt = kt.mtp
     eh, out, loss = (a[kt.gid][:, None] for a in (mt.eh_s, mt.out_s, mt.loss_s))
     parts["recompute"] += np.where(uniform[:, None], n * eh, 0.0)

@@ -12,10 +12,9 @@ is checked (``estimate(..., check_layout=False)``).
 
 The rows the array engine does not cover are estimated by the scalar composition (``estimate_parts``) row by row and
 written into the same arrays: ``scalar_rows`` decides which (one place), and ``BatchEstimate.scalar_rows`` says
-which rows went that way: the rows of an MoE model with low-precision GEMMs (fp8 / mxfp8 / nvfp4) or multi-token
-prediction. MoE models (routed and shared experts, router, EP / ETP, the dispatchers, the expert all-to-all overlap,
-expert memory: ``batch_moe``), low-precision GEMMs (``batch_precision``) and multi-token prediction (``batch_mtp``) of
-dense models are in the arrays.
+which rows went that way: none now. MoE models (routed and shared experts, router, EP / ETP, the dispatchers, the
+expert all-to-all overlap, expert memory: ``batch_moe``), low-precision GEMMs (``batch_precision``, the routed experts'
+included) and multi-token prediction (``batch_mtp``, MoE-kind MTP layers included) are all in the arrays.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Per stage and microbatch, the parts of ``performance.PARTS`` as ``[rows, stages]
 and layer kind by layer kind in the scalar path's order (so every sum is the same floating-point sum; absent chunks and
 kinds add exact zeros); then the pipeline schedule, its one bubble, the DP communication and the optimizer step.
 Covers dense, GDN-hybrid and MoE models (routed experts: ``batch_moe``) in bf16 / fp16 and with low-precision GEMMs
-(``batch_precision``), with their multi-token-prediction layers (``batch_mtp``); ``batch.scalar_rows`` names the rest.
+(``batch_precision``), with their multi-token-prediction layers (``batch_mtp``); ``batch.scalar_rows`` selects no row.
 The per-layer times come from the scalar functions through ``batch_tables``.
 """
 

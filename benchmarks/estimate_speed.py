@@ -8,7 +8,8 @@ the CPU time is the comparable figure).
 
 Run by hand: `python benchmarks/estimate_speed.py` (add `--limit N` for a quick look, `--scalar` to compare;
 `--model M --gpus SPEC` another model and cluster, with the space `attune tune` would take for it: `moe` for an MoE
-model, and the rows per step grown to the cluster as the tune does, `attune.api.target.batch_for_cluster`).
+model, and the rows per step grown to the cluster as the tune does, `attune.api.target.batch_for_cluster`;
+`--recipe R` / `--mtp N`: every layout in precision class R / with N multi-token-prediction layers).
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ from attune.api.target import batch_for_cluster
 from attune.estimator import estimate, estimate_batch
 from attune.search.enumeration import enumerate_columns
 from attune.search.space import load_space
+from attune.spec.columns import LayoutColumns
 from attune.spec.engine import get_engine
 from attune.spec.hardware import parse_cluster
 from attune.spec.layout import Workload
 from attune.spec.model import load_model
+from attune.spec.precision import fields_for
 
 
 def main() -> None:
@@ -35,6 +38,8 @@ def main() -> None:
     ap.add_argument("--scalar", action="store_true", help="estimate one layout at a time (the path before the array engine)")
     ap.add_argument("--model", default="Qwen3.6-27B")
     ap.add_argument("--gpus", default="8xH200")
+    ap.add_argument("--recipe", default=None, help="every layout in this precision class (fp8-delayed, mxfp8, ...)")
+    ap.add_argument("--mtp", type=int, default=0, help="every layout with this many multi-token-prediction layers")
     args = ap.parse_args()
     try:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
@@ -46,6 +51,10 @@ def main() -> None:
     c0 = time.process_time()
     t0 = time.perf_counter()
     cols = enumerate_columns(space, model, cluster.world_size, wl, engine).cols
+    if args.recipe or args.mtp:  # the same layouts in a precision class / with MTP layers (no rule re-checked)
+        kw = dict(fields_for(args.recipe) if args.recipe else {}, **({"mtp_layers": args.mtp} if args.mtp else {}))
+        cols = LayoutColumns({**cols.columns(), **{k: np.array([v] * len(cols), dtype=np.asarray(cols[k]).dtype)
+                                                   for k, v in kw.items()}}, n=len(cols))
     t_enum, c_enum = time.perf_counter() - t0, time.process_time() - c0
     n = len(cols) if args.limit is None else min(args.limit, len(cols))
     print(f"enumeration alone: {len(cols):,} layouts in {t_enum:.3f} s: {len(cols) / t_enum:,.0f} layouts/s")

@@ -11,8 +11,13 @@ so both estimate the same layouts. What is compared: every float of `Estimate.me
 `--batch`: instead of a reference commit, this tree's array engine against its scalar path: the same random layouts
 are estimated one by one with `estimate()` and as one `LayoutColumns` batch per (model, cluster) with `estimate_batch`,
 and every term (`estimate_terms` / `BatchEstimate.terms`: per-stage time parts and memory terms, named overheads, the
-step, tokens/s/GPU, peaks, the verdict) must agree within 1e-9 relative. Rows of MoE models and low-precision rows go
-through the scalar path inside the batch (`attune.estimator.batch.scalar_rows`); their count is printed.
+step, tokens/s/GPU, peaks, the verdict) must agree within 1e-9 relative, per model too. The rows `scalar_rows`
+selects (`attune.estimator.batch.scalar_rows`) go through the scalar path inside the batch; their count is printed.
+MoE models draw from the dense space's knobs and the `moe` space's (EP, ETP, dispatcher, the expert all-to-all overlap).
+`--batch --low-precision`: the same with every layout given a precision class drawn among those its GPU runs (bf16,
+fp8 delayed / tensorwise / blockwise with or without --fp8-param-gather on Hopper and Blackwell, mxfp8 and nvfp4 on
+Blackwell: a 16xB200 cluster joins the draw) and, on a model with multi-token-prediction modules, its MTP layers on
+half the layouts; the largest relative difference is printed per model and recipe.
 """
 
 from __future__ import annotations
@@ -90,7 +95,7 @@ def random_params(space, rng) -> dict:
     return {k: (lambda d: d[int(rng.integers(len(d)))])(space.domain(k)) for k in space.knobs}
 
 
-def draw_cases(names: list[str], per_model: int, seed: int) -> list[dict]:
+def draw_cases(names: list[str], per_model: int, seed: int, clusters: tuple[str, ...] = CLUSTERS) -> list[dict]:
     """`per_model` random valid layouts per model (rejection sampling over the knobs)."""
     from attune.errors import AttuneError
     from attune.search.space import SearchSpace, load_space
@@ -105,14 +110,16 @@ def draw_cases(names: list[str], per_model: int, seed: int) -> list[dict]:
     cases = []
     for name in names:
         model = load_model(name)
-        knobs = dict(base.knobs, comm_overlap=(False, True))
-        if model.moe is not None:
-            knobs.update(ep=(1, 2, 4, 8), etp=(1, 2), dispatcher=("alltoall", "allgather", "flex"))
-        space = SearchSpace(name="equivalence", path="", knobs=knobs, fixed=dict(base.fixed))
+        knobs, fixed = dict(base.knobs, comm_overlap=(False, True)), dict(base.fixed)
+        if model.moe is not None:  # the moe space's knobs too (EP, ETP, dispatcher, the a2a overlap, optimizer offload)
+            moe = load_space("moe")
+            knobs.update(moe.knobs)
+            fixed = {k: v for k, v in {**fixed, **moe.fixed}.items() if k not in knobs}
+        space = SearchSpace(name="equivalence", path="", knobs=knobs, fixed=fixed)
         got, tries = 0, 0
         while got < per_model and tries < 50 * per_model:
             tries += 1
-            gpus = CLUSTERS[int(rng.integers(len(CLUSTERS)))]
+            gpus = clusters[int(rng.integers(len(clusters)))]
             try:
                 lay = space.to_layout(random_params(space, rng), model, parse_cluster(gpus).world_size, wl, engine)
             except AttuneError:
@@ -141,9 +148,10 @@ def compare(a: list[dict], b: list[dict], cases: list[dict]) -> tuple[int, float
     return n, worst, bad
 
 
-def batch_check(cases: list[dict]) -> tuple[int, float, list[str], int]:
-    """(terms compared, largest relative difference, first disagreements, scalar-path rows): estimate_batch per
-    (model, cluster) against estimate() row by row, on this tree."""
+def batch_check(cases: list[dict]) -> tuple[int, float, list[str], int, dict]:
+    """(terms compared, largest relative difference, first disagreements, scalar-path rows, per model (layouts, terms,
+    largest relative difference, scalar-path rows)): estimate_batch per (model, cluster) against estimate() row by
+    row, on this tree."""
     from attune.estimator import estimate, estimate_batch
     from attune.estimator.batch import estimate_terms
     from attune.spec.columns import LayoutColumns
@@ -159,14 +167,21 @@ def batch_check(cases: list[dict]) -> tuple[int, float, list[str], int]:
         groups.setdefault((c["model"], c["gpus"]), []).append(i)
     n = scalar = 0
     worst, bad = 0.0, []
+    per: dict[str, list] = {}
+    per_recipe: dict[tuple[str, str], float] = {}  # largest relative difference per (model, recipe)
     for (name, gpus), idx in groups.items():
         model, cluster = load_model(name), parse_cluster(gpus)
         lays = [layout_from_dict(cases[i]["layout"]) for i in idx]
         b = estimate_batch(model, cluster, LayoutColumns.from_layouts(lays), wl, engine)
         scalar += int(b.scalar_rows.sum())
+        row = per.setdefault(name, [0, 0, 0.0, 0])
+        n0, w0 = n, worst
+        worst = 0.0
         for j, lay in enumerate(lays):
             e = estimate(model, cluster, lay, wl, engine, check_layout=False)
             x, y = estimate_terms(e.memory, e.perf), b.terms(j)
+            key = (name, cases[idx[j]].get("recipe", "bf16") + (" +MTP" if lay.mtp_layers else ""))
+            per_recipe.setdefault(key, 0.0)
             for k, v in x.items():
                 w = y.get(k, 0.0 if k.startswith("overhead.") else math.nan)
                 n += 1
@@ -174,9 +189,41 @@ def batch_check(cases: list[dict]) -> tuple[int, float, list[str], int]:
                     continue
                 rel = abs(v - w) / max(abs(v), abs(w)) if not math.isnan(w) else math.inf
                 worst = max(worst, rel)
+                per_recipe[key] = max(per_recipe[key], rel)
                 if rel > RTOL and len(bad) < 20:
                     bad.append(f"{name} {gpus} {lay.label()}: {k}: scalar {v!r} batch {w!r}")
-    return n, worst, bad, scalar
+        row[0] += len(lays)
+        row[1] += n - n0
+        row[2] = max(row[2], worst)
+        row[3] += int(b.scalar_rows.sum())
+        worst = max(worst, w0)
+    batch_check.per_recipe = per_recipe  # (model, recipe) -> largest relative difference, for --low-precision's table
+    return n, worst, bad, scalar, per
+
+
+def low_precision_cases(cases: list[dict], seed: int) -> list[dict]:
+    """Each case with a precision class its GPU runs (and bf16) and, for a model with MTP modules, its MTP layers
+    on half the cases (uniform full recompute then recomputes 1 layer per group, as the MTP rule asks)."""
+    from attune.spec.hardware import parse_cluster
+    from attune.spec.identity import layout_from_dict
+    from attune.spec.model import load_model
+    from attune.spec.precision import RECIPES, fields_for, hardware_refusal
+
+    rng = np.random.default_rng(seed + 1)
+    out = []
+    for c in cases:
+        lay, gpu = layout_from_dict(c["layout"]), parse_cluster(c["gpus"]).gpu
+        allowed = [r for r in RECIPES if not hardware_refusal(dataclasses.replace(lay, **fields_for(r)),
+                                                                 gpu.generation, gpu.is_cpu)]
+        recipe = allowed[int(rng.integers(len(allowed)))]
+        kw = fields_for(recipe, param_gather=recipe.startswith("fp8") and bool(rng.integers(2)))
+        mtp = load_model(c["model"]).mtp_layers
+        if mtp and rng.integers(2):
+            kw["mtp_layers"] = mtp
+            if lay.recompute_method == "uniform":
+                kw["recompute_num_layers"] = 1
+        out.append(dict(c, layout=dataclasses.replace(lay, **kw).to_dict(), recipe=recipe))
+    return out
 
 
 def run_side(tree: Path, cases_file: str, out_file: str) -> subprocess.Popen:
@@ -192,6 +239,8 @@ def main() -> None:
     ap.add_argument("--reference", default=REFERENCE)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch", action="store_true", help="the array engine against the scalar path of this tree")
+    ap.add_argument("--low-precision", action="store_true",
+                    help="with --batch: every precision class the GPU runs, and MTP layers where the model has them")
     ap.add_argument("--dump", nargs=2, metavar=("CASES", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.dump:
@@ -202,11 +251,19 @@ def main() -> None:
     names = args.models.split(",") if args.models else bundled_names()
     t0 = time.perf_counter()
     if args.batch:
-        cases = draw_cases(names, args.per_model, args.seed)
-        n, worst, bad, scalar = batch_check(cases)
+        cases = draw_cases(names, args.per_model, args.seed,
+                           CLUSTERS + ("16xB200",) if args.low_precision else CLUSTERS)
+        if args.low_precision:
+            cases = low_precision_cases(cases, args.seed)
+        n, worst, bad, scalar, per = batch_check(cases)
+        for name, (rows, terms, w, sc) in per.items():
+            print(f"  {name}: {rows:,} layouts, {terms:,} terms, largest relative difference {w:.3g}, {sc:,} scalar")
         print(f"{len(cases):,} layouts of {len(names)} models ({scalar:,} through the scalar path), {n:,} terms: "
               f"estimate_batch against estimate(), largest relative difference {worst:.3g} (tolerance {RTOL:g}); "
               f"{time.perf_counter() - t0:.0f} s")
+        if args.low_precision:
+            for (name, recipe), w in sorted(batch_check.per_recipe.items()):
+                print(f"  {name:28s} {recipe:22s} largest relative difference {w:.3g}")
         for line in bad:
             print("  " + line)
         sys.exit(1 if bad else 0)

@@ -6,7 +6,10 @@ is estimated by the array engine over the columns (`estimate_batch`, what the se
 `estimate` one layout at a time, the path before it). Wall and CPU time are both printed (on a loaded machine
 the CPU time is the comparable figure).
 
-Run by hand: `python benchmarks/estimate_speed.py` (add `--limit N` for a quick look, `--scalar` to compare).
+Run by hand: `python benchmarks/estimate_speed.py` (add `--limit N` for a quick look, `--scalar` to compare;
+`--model M --gpus SPEC` another model and cluster, with the space `attune tune` would take for it: `moe` for an MoE
+model, and the rows per step grown to the cluster as the tune does, `attune.api.target.batch_for_cluster`;
+`--recipe R` / `--mtp N`: every layout in precision class R / with N multi-token-prediction layers).
 """
 
 from __future__ import annotations
@@ -17,29 +20,41 @@ import time
 
 import numpy as np
 
+from attune.api.target import batch_for_cluster
 from attune.estimator import estimate, estimate_batch
 from attune.search.enumeration import enumerate_columns
 from attune.search.space import load_space
+from attune.spec.columns import LayoutColumns
 from attune.spec.engine import get_engine
 from attune.spec.hardware import parse_cluster
 from attune.spec.layout import Workload
 from attune.spec.model import load_model
+from attune.spec.precision import fields_for
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--scalar", action="store_true", help="estimate one layout at a time (the path before the array engine)")
+    ap.add_argument("--model", default="Qwen3.6-27B")
+    ap.add_argument("--gpus", default="8xH200")
+    ap.add_argument("--recipe", default=None, help="every layout in this precision class (fp8-delayed, mxfp8, ...)")
+    ap.add_argument("--mtp", type=int, default=0, help="every layout with this many multi-token-prediction layers")
     args = ap.parse_args()
     try:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
     except (AttributeError, OSError):
         pass
-    model, cluster, engine, wl = load_model("Qwen3.6-27B"), parse_cluster("8xH200"), get_engine("slime"), Workload()
-    space = load_space(None)  # the bundled dense space (package data)
+    model, cluster, engine = load_model(args.model), parse_cluster(args.gpus), get_engine("slime")
+    wl, _ = batch_for_cluster(Workload(), cluster.world_size)
+    space = load_space("moe" if model.moe is not None else None)  # the bundled space a tune takes (package data)
     c0 = time.process_time()
     t0 = time.perf_counter()
     cols = enumerate_columns(space, model, cluster.world_size, wl, engine).cols
+    if args.recipe or args.mtp:  # the same layouts in a precision class / with MTP layers (no rule re-checked)
+        kw = dict(fields_for(args.recipe) if args.recipe else {}, **({"mtp_layers": args.mtp} if args.mtp else {}))
+        cols = LayoutColumns({**cols.columns(), **{k: np.array([v] * len(cols), dtype=np.asarray(cols[k]).dtype)
+                                                   for k, v in kw.items()}}, n=len(cols))
     t_enum, c_enum = time.perf_counter() - t0, time.process_time() - c0
     n = len(cols) if args.limit is None else min(args.limit, len(cols))
     print(f"enumeration alone: {len(cols):,} layouts in {t_enum:.3f} s: {len(cols) / t_enum:,.0f} layouts/s")

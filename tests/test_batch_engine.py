@@ -3,8 +3,10 @@
 Random layouts of several bundled dense and GDN-hybrid models on three clusters and four engines (the default space's
 knobs plus communication overlap, with a few Layout fields the space does not search flipped at random), one batch
 per (model, cluster, engine): every per-stage time part and memory term, every named overhead and the step figures
-equal ``estimate()``'s within 1e-9 relative. MoE and low-precision rows take the scalar path inside the batch
-(``scalar_rows``) and must come back the same too.
+equal ``estimate()``'s within 1e-9 relative. Low-precision rows (every recipe on the GPUs that run it, with and
+without --fp8-param-gather, FP8 attention) and multi-token prediction go through the arrays too; MoE models:
+tests/test_batch_moe.py. The rows ``scalar_rows`` selects take the scalar path inside the batch and must come back
+the same (none now).
 """
 
 from __future__ import annotations
@@ -106,22 +108,59 @@ def test_batch_equals_scalar(name, gpus, eng):
         assert not bad, f"{lay.label()}: {bad[:5]}"
 
 
-def test_scalar_rows_inside_a_batch():
-    """MoE models and low-precision rows go through estimate_parts row by row, merged with the array rows."""
+def test_no_row_through_the_scalar_path():
+    """Low-precision rows among bf16 ones, of a dense and of an MoE model, all go through the arrays (``scalar_rows``
+    selects none), each equal to estimate()."""
     model, cluster, engine, wl = load_model("Qwen3.6-27B"), parse_cluster("8xH200"), get_engine("megatron"), Workload()
     lays = draw(model, cluster, engine, wl, 12, seed=3)
     lays[1::3] = [dataclasses.replace(x, **fields_for("fp8-blockwise")) for x in lays[1::3]]
-    cols = LayoutColumns.from_layouts(lays)
-    b = estimate_batch(model, cluster, cols, wl, engine)
-    assert list(b.scalar_rows) == [i % 3 == 1 for i in range(len(lays))]
     moe = load_model("tiny-qwen3-moe")
     mlays = draw(moe, cluster, engine, wl, 6, seed=4)
-    assert scalar_rows(moe, cluster, LayoutColumns.from_layouts(mlays), engine).all()
+    mlays[::2] = [dataclasses.replace(x, **fields_for("fp8-blockwise")) for x in mlays[::2]]
     for m, ls in ((model, lays), (moe, mlays)):
-        b = estimate_batch(m, cluster, LayoutColumns.from_layouts(ls), wl, engine)
+        cols = LayoutColumns.from_layouts(ls)
+        assert not scalar_rows(m, cluster, cols, engine).any()
+        b = estimate_batch(m, cluster, cols, wl, engine)
+        assert not b.scalar_rows.any()
         for i, lay in enumerate(ls):
             bad = mismatches(scalar_terms(estimate(m, cluster, lay, wl, engine, check_layout=False)), batch_terms(b, i))
             assert not bad, f"{m.name} {lay.label()}: {bad[:5]}"
+
+
+FP8 = ("fp8-delayed", "fp8-tensorwise", "fp8-blockwise")
+# every recipe on the GPUs that run it (precision.hardware_refusal: fp8 from Hopper, mxfp8 / nvfp4 on Blackwell; CPU
+# workers emulate all), engines with and without slime's replicated GDN projections, FP8 attention (Megatron-Bridge's
+# MXFP8 recipes), and multi-token prediction: MiMo-7B's own MTP module, and the MTP knob on a GDN hybrid
+LOW_CASES = [("Qwen3.6-27B", "8xH200", "slime", FP8, {}, 0), ("Qwen3.6-27B", "16xH100", "megatron", FP8, {}, 1),
+             ("Llama-3.1-8B", "16xB200", "megatron-bridge", FP8 + ("mxfp8", "nvfp4"), {"fp8_attention": True}, 0),
+             ("Qwen3.5-4B", "16xGB200", "megatron", ("mxfp8", "nvfp4"), {}, 0),
+             ("Qwen2.5-7B", "64xH100", "slime", FP8, {}, 0), ("MiMo-7B", "8xH200", "slime", ("bf16",) + FP8, {}, 1),
+             ("MiMo-7B", "16xB200", "megatron-bridge", ("mxfp8", "nvfp4"), {"fp8_attention": True}, 1),
+             ("tiny-qwen3.5", "4xcpu", "torch", FP8 + ("mxfp8", "nvfp4"), {}, 1)]
+
+
+@pytest.mark.parametrize("name,gpus,eng,recipes,knobs,mtp", LOW_CASES)
+def test_low_precision_and_mtp_through_the_arrays(name, gpus, eng, recipes, knobs, mtp):
+    """fp8 / mxfp8 / nvfp4 rows (GEMM speed, quantize passes, quantized saved inputs, the weight cache, fp8 params,
+    scaling state, the cast and the fp8 all-gather) and MTP rows (the last stage's extra layer: time, memory, the
+    loss's logits) are estimated by the arrays, every term equal to estimate()'s."""
+    model, cluster, wl = load_model(name), parse_cluster(gpus), Workload()
+    model = dataclasses.replace(model, mtp_layers=max(mtp, model.mtp_layers))
+    engine = dataclasses.replace(get_engine(eng), **knobs)
+    rng = np.random.default_rng(len(name) * 7 + len(gpus))
+    lays = []
+    for i, lay in enumerate(draw(model, cluster, engine, wl, 36, seed=len(name) + 11)):
+        recipe = recipes[i % len(recipes)]
+        gather = recipe.startswith("fp8") and bool(rng.integers(2))
+        rec = dict(recompute_num_layers=1) if (mtp and lay.recompute_method == "uniform") else {}
+        lays.append(dataclasses.replace(lay, mtp_layers=mtp * int(rng.integers(2) or i < 4), **rec,
+                                        **fields_for(recipe, param_gather=gather)))
+    b = estimate_batch(model, cluster, LayoutColumns.from_layouts(lays), wl, engine)
+    assert not b.scalar_rows.any()
+    for i, lay in enumerate(lays):
+        bad = mismatches(scalar_terms(estimate(model, cluster, lay, wl, engine, check_layout=False)), batch_terms(b, i))
+        assert not bad, f"{lay.label()}: {bad[:5]}"
+    assert {lay.mtp_layers for lay in lays} == ({0, mtp} if mtp else {0})
 
 
 def test_coefficients_as_estimate_chooses_them():

@@ -12,8 +12,9 @@ is checked (``estimate(..., check_layout=False)``).
 
 The rows the array engine does not cover are estimated by the scalar composition (``estimate_parts``) row by row and
 written into the same arrays: ``scalar_rows`` decides which (one place), and ``BatchEstimate.scalar_rows`` says
-which rows went that way. Those are MoE models (routed experts, EP), low-precision GEMMs (fp8 / mxfp8 / nvfp4),
-multi-token prediction: their physics is being changed elsewhere and stays in one (scalar) place until it settles.
+which rows went that way: none now. MoE models (routed and shared experts, router, EP / ETP, the dispatchers, the
+expert all-to-all overlap, expert memory: ``batch_moe``), low-precision GEMMs (``batch_precision``, the routed experts'
+included) and multi-token prediction (``batch_mtp``, MoE-kind MTP layers included) are all in the arrays.
 """
 
 from __future__ import annotations
@@ -24,9 +25,12 @@ from functools import cached_property
 import numpy as np
 
 from attune.errors import LayoutError
+from attune.estimator import batch_moe
+from attune.estimator import batch_precision as lp_batch
 from attune.estimator.batch_memory import BatchStageMemory, stage_memory
 from attune.estimator.batch_place import batching, place_batch
 from attune.estimator.batch_tables import (
+    TIME_KEYS,
     KindTables,
     KnobTables,
     OverheadTables,
@@ -39,6 +43,7 @@ from attune.estimator.batch_time import (
     BatchStageTime,
     BatchStep,
     dp_seconds,
+    grad_bytes,
     optimizer_seconds,
     pipeline,
     pp_send_seconds,
@@ -182,13 +187,11 @@ _MEMORY_NAMES = frozenset(f.name for f in fields(BatchStageMemory)) - {"overhead
 
 
 def scalar_rows(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, engine: Engine) -> np.ndarray:
-    """[N] the rows the array engine does not cover (the one place that decides): every row of an MoE model;
-    low-precision GEMMs; multi-token prediction; expert parallelism."""
-    n = len(cols)
-    if model.moe is not None:
-        return np.ones(n, dtype=bool)
-    low = np.not_equal(cols["fp8_format"], None) | np.not_equal(cols["fp4_format"], None)
-    return low | (cols["mtp_layers"] > 0) | (cols["ep"] * cols["etp"] > 1)
+    """[N] the rows the array engine does not cover (the one place that decides): none. Dense and MoE models, bf16 /
+    fp16 and low-precision GEMMs (``batch_precision``, an MoE model's routed experts included), multi-token prediction
+    (``batch_mtp``, MoE-kind MTP layers: ``batch_moe``) are all arrays. Kept (all False) until the scalar composition
+    it routes to is deleted."""
+    return np.zeros(len(cols), dtype=bool)
 
 
 def _array_estimate(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: Workload, engine: Engine,
@@ -221,11 +224,21 @@ def _group_estimate(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, wor
                     pp_send: np.ndarray) -> BatchEstimate:
     """Rows of one (PP, VPP, recompute method): placement, per-stage times and memory, the step and the verdict."""
     pl = place_batch(model, cols, workload, engine)
-    st = stage_times(model, cluster, cols, pl, kt, kn, pp_send)
+    pcoef = replace(coef, gemm_half_dim=coef.cpu_gemm_half_dim) if cluster.gpu.is_cpu else coef
+    mr = batch_moe.moe_rows(model, cols, pl, kt, TIME_KEYS, engine, pcoef)
+    st = stage_times(model, cluster, cols, pl, kt, kn, pp_send, mr)
     params = stage_params(model, cols, pl, kt)
     pipe, bubble, crit, _ = pipeline(st, pl)
-    dp_s = dp_seconds(cluster, cols, engine, coef, pl, st, params)
-    opt = optimizer_seconds(cluster, cols, engine, coef, pl, params)
+    ex_s = ex_shard = None
+    if model.moe is not None:  # the routed experts' expert-DP communication and optimizer shard
+        ex = batch_moe.stage_expert_params(model, cols, pl)
+        ex_s = batch_moe.expert_dp_seconds(model, cluster, cols, ex, grad_bytes(cols, engine), coef)
+        ex_shard = batch_moe.expert_shard(model, cols, pl, ex)
+    dp_s = dp_seconds(cluster, cols, engine, coef, pl, st, params, ex_s)
+    opt = optimizer_seconds(cluster, cols, engine, coef, pl, params, ex_shard)
+    e_cast = 0.0 if ex_shard is None else batch_moe.cast_shard(cols, pl, params, ex_shard)
+    cast = lp_batch.weight_cast_seconds(cluster, cols, kt.recipe, kt.plans, coef, pl.stage, params, e_cast)
+    opt = opt if cast is None else opt + cast  # the weights cast to the low-precision recipe once per step
     overhead = np.full(len(cols), float(getattr(coef, engine.step_overhead)))
     step_s = pipe + dp_s + opt + overhead
     mem = stage_memory(model, cluster, cols, engine, coef, pl, kt, kn, ot, params)

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from attune.estimator import batch_mtp as mtp_batch
+from attune.estimator import batch_precision as lp_batch
+from attune.estimator.batch_moe import expert_memory
 from attune.estimator.batch_place import BatchPlacement, kind_prefix, kinds_between
 from attune.estimator.batch_tables import KindTables, KnobTables, OverheadTables
 from attune.estimator.costs import BF16, FP32
@@ -141,26 +144,37 @@ def optimizer_bytes(cols: LayoutColumns, engine: Engine, fp32_training: bool) ->
 def stage_memory(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, engine: Engine, coef: Coefficients,
                  pl: BatchPlacement, kt: KindTables, kn: KnobTables, ot: OverheadTables,
                  params: np.ndarray) -> BatchStageMemory:
-    """Every stage's memory terms (``estimate_memory`` for dense layers and bf16 / fp16 GEMMs)."""
+    """Every stage's memory terms (``estimate_memory`` for dense layers, bf16 / fp16 or low-precision GEMMs, MTP; an
+    MoE model's routed experts by ``batch_moe.expert_memory``)."""
     N, S = pl.stage.shape
     stored, rebuilt, work = stored_bytes(model, cols, pl, kt, kn)
+    mtp_b = mtp_lg = 0.0  # the last stage's multi-token-prediction layers (batch_mtp)
+    if kt.mtp is not None:
+        rebuilt, work, mtp_b, mtp_lg = mtp_batch.mtp_memory(model, cols, pl, kt, kn, rebuilt, work)
     tp, tokens = cols["tp"][:, None], pl.tokens_per_gpu[:, None]
     transient = rebuilt + work
     transient = np.where(pl.is_first, np.maximum(transient, BF16 * model.embedding_params / tp), transient)
     cpu = cluster.gpu.is_cpu
     act_scale = FP32 / BF16 if cpu else 1.0  # activations are fp32 on CPU workers, bf16 on GPUs
-    acts = np.where(pl.stage, act_scale * (pl.inflight * stored + transient + 0.0), 0.0)
+    acts = np.where(pl.stage, act_scale * (pl.inflight * stored + transient + mtp_b), 0.0)
     logits = np.zeros((N, S))
     if model.vocab:
-        lg = engine.logits_bytes_per_element * tokens * model.vocab / tp + BF16 * tokens * model.hidden + 0.0
+        lg = engine.logits_bytes_per_element * tokens * model.vocab / tp + BF16 * tokens * model.hidden + mtp_lg
         logits = np.where(pl.is_last, lg, 0.0)
     w_b, g_b, o_b, h_b, copy_b = (a[:, None] for a in optimizer_bytes(cols, engine, cpu or engine.attune_trainer))
+    em = expert_memory(model, cols, engine, pl, kt, kn, optimizer_bytes, cpu or engine.attune_trainer, act_scale)
+    e_state, e_step, e_host, e_gib = (0.0, 0.0, 0.0, 0.0) if em is None else (em.state_b, em.step_b, em.host_b,
+                                                                            em.state_gib)
     cls = 2 * pl.is_first + pl.is_last
     over = {n: np.where(pl.stage, ot.values[ot.gid[:, None], cls, j], 0.0) for j, n in enumerate(ot.names)}
+    lp = lp_batch.stage_overheads(model, engine, cols, kt.recipe, kt.plans, pl.stage, pl.kinds, kt.params[kt.gid],
+                                  0.0 if em is None else em.params)
+    over.update(lp)  # low-precision weight cache, fp8 params, scaling state (batch_precision)
+    lp_gib = sum(lp.values(), 0)
     zero = np.zeros((N, S))
     gws, tpob = over.get("gemm_workspaces", zero), over.get("tp_overlap_buffers", zero)
-    allocated = (params * (w_b + g_b + o_b) + 0.0 + acts + logits) / GiB + gws + tpob + 0
-    step_peak = (params * (w_b + g_b + o_b + copy_b) + 0.0) / GiB + gws + 0
+    allocated = (params * (w_b + g_b + o_b) + e_state + acts + logits) / GiB + gws + tpob + lp_gib
+    step_peak = (params * (w_b + g_b + o_b + copy_b) + e_step) / GiB + gws + lp_gib
     higher = step_peak > allocated
     over["optimizer_step_peak"] = np.where(higher & pl.stage, step_peak - allocated, 0.0)
     allocated = np.where(higher, step_peak, allocated)
@@ -169,11 +183,14 @@ def stage_memory(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, engine
     overhead = sum(over.values())
     w, g, o = params * w_b / GiB, params * g_b / GiB, params * o_b / GiB
     a, lo = acts / GiB, logits / GiB
-    alloc_gib = w + g + o + a + lo + 0.0 + gws + tpob + over["optimizer_step_peak"] + 0
+    alloc_gib = w + g + o + a + lo + e_gib + gws + tpob + over["optimizer_step_peak"] + lp_gib
     mask = lambda x: np.where(pl.stage, x, 0.0)  # noqa: E731
     return BatchStageMemory(
         params=params, weights_gib=w, grads_gib=g, optimizer_gib=o, activations_gib=a, logits_gib=lo,
-        overhead_gib=overhead, host_optimizer_gib=(params * h_b + 0.0) / GiB, inflight_microbatches=pl.inflight,
+        overhead_gib=overhead, host_optimizer_gib=(params * h_b + e_host) / GiB, inflight_microbatches=pl.inflight,
         allocated_gib=mask(alloc_gib), reserved_gib=mask(alloc_gib + over["fragmentation"]),
-        total_gib=mask(w + g + o + a + lo + 0.0 + overhead), expert_params=zero, expert_weights_gib=zero,
-        expert_grads_gib=zero, expert_optimizer_gib=zero, expert_activations_gib=zero, overheads=over)
+        total_gib=mask(w + g + o + a + lo + e_gib + overhead), overheads=over,
+        **(dict.fromkeys(("expert_params", "expert_weights_gib", "expert_grads_gib", "expert_optimizer_gib",
+                          "expert_activations_gib"), zero) if em is None else
+           dict(expert_params=em.params, expert_weights_gib=em.weights_gib, expert_grads_gib=em.grads_gib,
+                expert_optimizer_gib=em.optimizer_gib, expert_activations_gib=em.activations_gib)))

@@ -3,8 +3,9 @@
 Per stage and microbatch, the parts of ``performance.PARTS`` as ``[rows, stages]`` arrays, accumulated chunk by chunk
 and layer kind by layer kind in the scalar path's order (so every sum is the same floating-point sum; absent chunks and
 kinds add exact zeros); then the pipeline schedule, its one bubble, the DP communication and the optimizer step.
-Covers dense and GDN-hybrid models in bf16 / fp16 (``batch.scalar_rows`` names the rest); the per-layer times come
-from the scalar functions through ``batch_tables``.
+Covers dense, GDN-hybrid and MoE models (routed experts: ``batch_moe``) in bf16 / fp16 and with low-precision GEMMs
+(``batch_precision``), with their multi-token-prediction layers (``batch_mtp``); ``batch.scalar_rows`` selects no row.
+The per-layer times come from the scalar functions through ``batch_tables``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attune.estimator import batch_mtp as mtp_batch
+from attune.estimator import batch_precision as lp_batch
+from attune.estimator.batch_moe import MoeRows, add_chunk
 from attune.estimator.batch_place import BatchPlacement, kind_prefix, kinds_between
 from attune.estimator.batch_tables import TIME_KEYS, KindTables, KnobTables
 from attune.estimator.costs import BF16, FP32
@@ -153,10 +157,11 @@ def _offload_exposed(n: np.ndarray, nr: np.ndarray, T: np.ndarray, off: np.ndarr
 
 
 def stage_times(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, pl: BatchPlacement, kt: KindTables,
-                kn: KnobTables, pp_send: np.ndarray) -> BatchStageTime:
-    """Per stage and microbatch: ``performance._pipeline``'s per-stage loop over rows."""
+                kn: KnobTables, pp_send: np.ndarray, mr: MoeRows | None = None) -> BatchStageTime:
+    """Per stage and microbatch: ``performance._pipeline``'s per-stage loop over rows (``mr``: an MoE model's
+    routed experts, ``batch_moe.moe_rows``)."""
     N, S, C, K = pl.kinds.shape
-    T, rs, off = kt.times[kt.gid], kn.seconds[kn.gid], kn.offloaded[kn.gid]
+    T, rs, off = kt.times[kt.gid], kn.seconds[kn.gid], kn.offloaded_time[kn.gid]
     kinds = pl.kinds.astype(np.float64)
     rec = recomputed_kinds(model, cols, pl)
     rec = None if rec is None else rec.astype(np.float64)
@@ -168,6 +173,8 @@ def stage_times(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, pl: Bat
         n_c, r_c = kinds[:, :, c], (np.zeros_like(kinds[:, :, c]) if rec is None else rec[:, :, c])
         for k in range(K):
             _chunk_kinds(parts, fwd_comm, n_c[..., k], None if rec is None else r_c[..., k], Tk[k], tmp)
+        if mr is not None:
+            add_chunk(parts, mr, n_c, None if rec is None else r_c)
         for k in range(K if selective else 0):  # selective recompute: the recomputed modules' forward again
             parts["recompute"] += n_c[..., k] * rs[:, k, None]
         if offload:
@@ -181,6 +188,8 @@ def stage_times(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, pl: Bat
         parts["fwd_memory"] += np.where(last, mem, 0.0)
         parts["bwd_gemm"] += np.where(last, 2 * g, 0.0)
         parts["bwd_memory"] += np.where(last, mem, 0.0)
+    if kt.mtp is not None:  # the last stage's multi-token-prediction layers (batch_mtp)
+        mtp_batch.add_mtp_times(parts, model, cols, pl, kt, kn)
     parts["fwd_memory"] += np.where(pl.is_first, kt.embedding_memory_s[kt.gid][:, None], 0.0)
     fwd = parts["fwd_gemm"] + parts["fwd_attention"] + parts["fwd_gdn"] + parts["fwd_memory"]
     fwd = np.where(pl.stage, fwd + fwd_comm + pp_send[:, None] * pl.vpp[:, None], 0.0)
@@ -204,7 +213,8 @@ def stage_params(model: ModelSpec, cols: LayoutColumns, pl: BatchPlacement, kt: 
     n = n + np.where(first, model.embedding_params / tp + model.position_params, 0.0)
     tied_single = first & model.tied_embeddings
     n = n + np.where(last & ~tied_single, model.output_params / tp, 0.0)
-    return n + np.where(last, float(model.final_norm_params), 0.0)
+    n = n + np.where(last, float(model.final_norm_params), 0.0)
+    return n if kt.mtp is None else n + mtp_batch.mtp_params(model, cols, pl, kt)
 
 
 def pipeline(st: BatchStageTime, pl: BatchPlacement) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -229,11 +239,12 @@ def grad_bytes(cols: LayoutColumns, engine: Engine) -> np.ndarray:
 
 
 def dp_seconds(cluster: Cluster, cols: LayoutColumns, engine: Engine, coef: Coefficients, pl: BatchPlacement,
-               st: BatchStageTime, params: np.ndarray) -> np.ndarray:
-    """[N] exposed DP gradient reduce-scatter / all-reduce and parameter all-gather, the slowest stage's."""
+               st: BatchStageTime, params: np.ndarray, expert_s: np.ndarray | None = None) -> np.ndarray:
+    """[N] exposed DP gradient reduce-scatter / all-reduce and parameter all-gather, the slowest stage's
+    (``expert_s``: [N, S] an MoE model's expert-DP communication, ``batch_moe.expert_dp_seconds``)."""
     tp, dist = cols["tp"], cols["distributed_optimizer"]
     d = cols["dp"] * cols["cp"]
-    gb = grad_bytes(cols, engine)
+    gb, ag_bytes = grad_bytes(cols, engine), lp_batch.param_gather_bytes(cols)
     ov_grad = cols["overlap_grad_reduce"] | engine.recipe_overlap_grad_reduce
     ov_param = (cols["overlap_param_gather"] | engine.recipe_overlap_param_gather) & dist
     bw = link_bytes_per_s(d * tp, cluster, coef)
@@ -244,21 +255,25 @@ def dp_seconds(cluster: Cluster, cols: LayoutColumns, engine: Engine, coef: Coef
         p, bwd, fwd = params[:, s], st.backward_s[:, s], st.forward_s[:, s]
         n_buckets = np.maximum(1.0, p / bucket)
         t_rs = np.where(dist, p * (d - 1) / d * gb / bw + lat, 2 * p * (d - 1) / d * gb / bw + lat)
-        t_ag = np.where(dist, p * (d - 1) / d * BF16 / bw + lat, 0.0)
+        t_ag = np.where(dist, p * (d - 1) / d * ag_bytes / bw + lat, 0.0)
         t_rs = np.where(ov_grad, np.maximum(t_rs - bwd - drain, t_rs / n_buckets), t_rs)
         t_ag = np.where(ov_param, np.maximum(t_ag - fwd, t_ag / n_buckets), t_ag)
-        dp_s = np.where(pl.stage[:, s], np.maximum(dp_s, t_rs + t_ag + 0.0), dp_s)
+        dp_s = np.where(pl.stage[:, s], np.maximum(dp_s, t_rs + t_ag + (0.0 if expert_s is None else expert_s[:, s])),
+                        dp_s)
         drain = drain + bwd
     return np.where(d > 1, dp_s, 0.0)
 
 
 def optimizer_seconds(cluster: Cluster, cols: LayoutColumns, engine: Engine, coef: Coefficients,
-                      pl: BatchPlacement, params: np.ndarray) -> np.ndarray:
-    """[N] the optimizer step on the GPU and / or the CPU with its PCIe copies (``estimate_performance``)."""
+                      pl: BatchPlacement, params: np.ndarray, expert_shard: np.ndarray | None = None) -> np.ndarray:
+    """[N] the optimizer step on the GPU and / or the CPU with its PCIe copies (``estimate_performance``;
+    ``expert_shard``: an MoE model's routed-expert shard, ``batch_moe.expert_shard``)."""
     gpu = cluster.gpu
     dist = cols["distributed_optimizer"]
     div = np.where(dist, cols["dp"] * cols["cp"], 1)
     shard = np.where(pl.stage, params, -np.inf).max(axis=1) / div
+    if expert_shard is not None:
+        shard = shard + expert_shard
     frac = np.where(cols["optimizer_cpu_offload"], cols["offload_fraction"], 0.0)
     pao = cols["precision_aware_optimizer"]
     states = np.where(pao, BF16 + 2 * FP32, 3 * FP32)

@@ -17,18 +17,27 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from attune.errors import AttuneError, UserInputError
-from attune.estimator import Estimate, estimate
-from attune.estimator.coefficients import coefficients_for
+from attune.errors import UserInputError
+from attune.estimator import Estimate, estimate, estimate_batch
+from attune.estimator.batch_tables import group_ids, object_ids
+from attune.estimator.coefficients import Coefficients, coefficients_for
 from attune.estimator.precision import plan as lp_plan
-from attune.search.scoring import score_space
+from attune.search.scoring import BATCH_ROWS, score_space
 from attune.search.space import SearchSpace
+from attune.spec.columns import LayoutColumns
 from attune.spec.engine import Engine
 from attune.spec.flags import to_flags
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec
-from attune.spec.precision import LOW_PRECISION, fields_for, hardware_refusal, recipe_of
+from attune.spec.precision import (
+    LOW_PRECISION,
+    PRECISION_RULE_FIELDS,
+    fields_for,
+    hardware_refusal,
+    precision_rules,
+    recipe_of,
+)
 
 ALLOW_CHOICES = ("fp8",) + LOW_PRECISION
 """What ``--allow-numerics`` takes: ``fp8`` (every fp8 recipe the GPU runs, MXFP8 on Blackwell) or one recipe."""
@@ -59,14 +68,56 @@ def allowed_recipes(values: list[str] | tuple[str, ...] | None) -> tuple[str, ..
     return tuple(r for r in LOW_PRECISION if r in out)
 
 
-def variants(layout: Layout, recipes: tuple[str, ...]) -> list[Layout]:
-    """The layout in each recipe, with and without fp8 parameter all-gather (fp8 recipes only)."""
+def variant_fields(recipes: tuple[str, ...]) -> list[dict]:
+    """The precision fields of each variant ``variants`` makes, in its order."""
     out = []
     for r in recipes:
-        out.append(replace(layout, **fields_for(r)))
+        out.append(fields_for(r))
         if r != "nvfp4":
-            out.append(replace(layout, **fields_for(r, param_gather=True)))
+            out.append(fields_for(r, param_gather=True))
     return out
+
+
+def variants(layout: Layout, recipes: tuple[str, ...]) -> list[Layout]:
+    """The layout in each recipe, with and without fp8 parameter all-gather (fp8 recipes only)."""
+    return [replace(layout, **f) for f in variant_fields(recipes)]
+
+
+def variant_columns(base: LayoutColumns, recipes: tuple[str, ...]) -> tuple[LayoutColumns, int]:
+    """(every row of ``base`` in each of its V ``variants``, row-major: row r's are rows r x V to r x V + V - 1; V)."""
+    specs = variant_fields(recipes)
+    V = len(specs)
+    cols = base.take(np.repeat(np.arange(len(base)), V)).columns()
+    for name in specs[0] if specs else ():
+        cols[name] = [f[name] for f in specs] * len(base)
+    return LayoutColumns(cols, n=len(base) * V), V
+
+
+def rules_ok(cols: LayoutColumns) -> np.ndarray:
+    """[N] the row breaks no precision rule (``precision_rules``, on one row per distinct value of the fields it
+    reads: ``PRECISION_RULE_FIELDS``). The rows are otherwise valid layouts (the bf16 table's), and no other rule
+    reads a precision field."""
+    keys = [object_ids(cols[f]) if cols[f].dtype == object else cols[f] for f in PRECISION_RULE_FIELDS]
+    gid, first = group_ids(*keys)
+    ok = np.array([not precision_rules(cols.layout(int(i))) for i in first], dtype=bool)
+    return ok[gid]
+
+
+def price(model: ModelSpec, cluster: Cluster, workload: Workload, engine: Engine, coef: Coefficients,
+          base: LayoutColumns, recipes: tuple[str, ...], usable_gib: float) -> tuple[np.ndarray, ...]:
+    """Every row of ``base`` in each variant of ``recipes``, ``[rows, variants]``: (tokens/s/GPU, the variant breaks
+    no rule (priced), it fits in ``usable_gib`` and in host memory), by ``estimate_batch`` (the terms of
+    ``estimate()``) in slices of ``BATCH_ROWS``."""
+    cols, V = variant_columns(base, recipes)
+    ok = rules_ok(cols) if len(cols) else np.zeros(0, dtype=bool)
+    tokens, fits = np.full(len(cols), np.nan), np.zeros(len(cols), dtype=bool)
+    rows = np.flatnonzero(ok)
+    for a in range(0, rows.size, BATCH_ROWS):
+        part = rows[a:a + BATCH_ROWS]
+        b = estimate_batch(model, cluster, cols.take(part), workload, engine, coef)
+        tokens[part] = b.tokens_per_s_per_gpu
+        fits[part] = (b.peak_gib <= usable_gib) & b.host_fits
+    return tuple(x.reshape(len(base), V) for x in (tokens, ok, fits))
 
 
 @dataclass(frozen=True)
@@ -168,43 +219,44 @@ def compare(space: SearchSpace, model: ModelSpec, cluster: Cluster, workload: Wo
     top = max(bf.perf.tokens_per_s_per_gpu, float(np.nanmax(np.where(ok & (table.peak_gib <= usable), table.tokens,
                                                                       np.nan))) if ok.any() else 0.0)
     rows = np.flatnonzero(ok & (table.tokens >= CANDIDATE_FRACTION * top) & (table.peak_gib <= CANDIDATE_MEMORY * usable))
-    layouts = [best_bf16] + [table.layouts[i] for i in rows]
-    n = 0
-
-    def price(lay: Layout, recs: tuple[str, ...]) -> list[Estimate]:
-        nonlocal n
-        out = []
-        for v in variants(lay, recs):
-            try:
-                e = estimate(model, cluster, v, workload, engine, coef)
-            except AttuneError:  # a rule the variant breaks (fp8 parameters with CPU Adam, ...)
-                continue
-            n += 1
-            if e.memory.peak_gib <= usable and e.memory.host_fits:
-                out.append(e)
-        return out
-
-    # first pass: one recipe (its fp8-parameter variant too), fastest bf16 first, until no layout left can win:
-    # a layout's low-precision speed-up is at most its GEMMs' (peak x efficiency over bf16's; quantize passes only
-    # slow it down), so one whose bf16 prediction times that bound is below the best found is skipped
-    bound = max(p.peak * p.efficiency for p in (lp_plan(Layout(**fields_for(r)), gpu, coef) for r in runnable)) / (
-        gpu.bf16_tflops * 1e12 * coef.gemm_efficiency) if runnable else 0.0
+    one = LayoutColumns.from_layouts([best_bf16])
+    base = LayoutColumns({k: np.concatenate([a, table.cols[k][rows]]) for k, a in one.columns().items()},
+                         n=1 + len(rows))
     bf16_tokens = [bf.perf.tokens_per_s_per_gpu] + [float(table.tokens[i]) for i in rows]
-    first: dict[int, float] = {}
-    for i in sorted(range(len(layouts)), key=lambda i: -bf16_tokens[i]):
-        if first and bf16_tokens[i] * max(bound, 1.0) < max(first.values()):
-            break
-        fits = price(layouts[i], runnable[:1])
-        if fits:
-            first[i] = max(e.perf.tokens_per_s_per_gpu for e in fits)
-    finalists = sorted(first, key=lambda i: -first[i])[:FINALISTS]
-    best = None
-    for i in finalists:
-        for e in price(layouts[i], runnable):
-            if best is None or e.perf.tokens_per_s_per_gpu > best.perf.tokens_per_s_per_gpu:
-                best = e
+    best, n = None, 0
+    if runnable:
+        n, finalists = _first_pass(model, cluster, workload, engine, coef, base, bf16_tokens, runnable, usable)
+        tok, priced, fits = price(model, cluster, workload, engine, coef, base.take(finalists), runnable, usable)
+        n += int(priced.sum())
+        if fits.any():  # the first fastest in (finalist, variant) order, as a scan keeping only a faster one
+            f, v = np.unravel_index(int(np.argmax(np.where(fits, tok, -np.inf))), tok.shape)
+            lay = variants(base.layout(int(finalists[f])), runnable)[v]
+            best = estimate(model, cluster, lay, workload, engine, coef)
     same = estimate(model, cluster, replace(best.layout, **fields_for("bf16")), workload, engine, coef) if best else None
     return PrecisionComparison(recipes=runnable, refused=refused, bf16=bf, low=best, same_layout_bf16=same, candidates=n)
 
 
-__all__ = ["ALLOW_CHOICES", "allowed_recipes", "variants", "compare", "PrecisionComparison"]
+def _first_pass(model: ModelSpec, cluster: Cluster, workload: Workload, engine: Engine, coef: Coefficients,
+                base: LayoutColumns, bf16_tokens: list[float], runnable: tuple[str, ...],
+                usable: float) -> tuple[int, np.ndarray]:
+    """(variants priced, finalists: rows of ``base``) of the first pass: one recipe (its fp8-parameter variant too),
+    fastest bf16 first, until no layout left can win: a layout's low-precision speed-up is at most its GEMMs' (peak x
+    efficiency over bf16's; quantize passes only slow it down), so one whose bf16 prediction times that bound is
+    below the best found is skipped. Every candidate is priced in one batch; the scan reads it."""
+    gpu = cluster.gpu
+    bound = max(p.peak * p.efficiency for p in (lp_plan(Layout(**fields_for(r)), gpu, coef) for r in runnable)) / (
+        gpu.bf16_tflops * 1e12 * coef.gemm_efficiency)
+    tok, priced, fits = price(model, cluster, workload, engine, coef, base, runnable[:1], usable)
+    first: dict[int, float] = {}
+    n = 0
+    for i in sorted(range(len(base)), key=lambda i: -bf16_tokens[i]):
+        if first and bf16_tokens[i] * max(bound, 1.0) < max(first.values()):
+            break
+        n += int(priced[i].sum())
+        if fits[i].any():
+            first[i] = float(np.max(tok[i][fits[i]]))
+    return n, np.array(sorted(first, key=lambda i: -first[i])[:FINALISTS], dtype=np.int64)
+
+
+__all__ = ["ALLOW_CHOICES", "allowed_recipes", "variants", "variant_fields", "variant_columns", "rules_ok", "price",
+           "compare", "PrecisionComparison"]

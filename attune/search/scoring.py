@@ -204,8 +204,8 @@ def _estimate_columns(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, w
     """The table's predictions for a batch of layouts: (tokens/s/GPU, step time s, stage peaks GiB (rows x largest
     PP, NaN past the last stage), peak GiB, host fits). Tokens and step time are NaN for a layout more than
     MEMORY_SCORING_MARGIN over capacity or whose host memory does not fit. The rows the array engine covers are
-    estimated at once (`estimate_batch`); the others (`scalar_rows`: MoE, low precision, MTP) row by row with the
-    same composition, memory first (no throughput for a layout far over memory)."""
+    estimated at once (`estimate_batch`); the others (`scalar_rows`: none now) row by
+    row with the same composition, memory first (no throughput for a layout far over memory)."""
     n = len(cols)
     limit = cluster.gpu.capacity_gib * (1.0 + MEMORY_SCORING_MARGIN)
     width = int(cols["pp"].max()) if n else 1

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from .layout import FP4_FORMATS, FP8_FORMATS, FP8_RECIPES, Layout
 
-__all__ = ["RECIPES", "LOW_PRECISION", "recipe_of", "is_low_precision", "fields_for", "precision_rules",
+__all__ = ["RECIPES", "LOW_PRECISION", "PRECISION_RULE_FIELDS", "recipe_of", "is_low_precision", "fields_for", "precision_rules",
            "hardware_refusal", "slime_env", "FP8_FORMATS", "FP8_RECIPES", "FP4_FORMATS", "BLOCK_SCALING_ENV"]
 
 RECIPES = ("bf16", "fp8-delayed", "fp8-tensorwise", "fp8-blockwise", "mxfp8", "nvfp4")
@@ -72,6 +72,12 @@ def fields_for(recipe: str, param_gather: bool = False, fp8_format: str = "e4m3"
         return dict(fp8_format=None, fp8_recipe="delayed", fp8_param_gather=False, fp4_format="e2m1")
     return dict(fp8_format=fp8_format, fp8_recipe="mxfp8" if recipe == "mxfp8" else recipe.removeprefix("fp8-"),
                 fp8_param_gather=param_gather, fp4_format=None)
+
+
+PRECISION_RULE_FIELDS = ("fp8_format", "fp4_format", "fp8_param_gather", "fp8_recipe", "distributed_optimizer",
+                         "optimizer_cpu_offload", "recompute_granularity", "recompute_modules", "precision")
+"""Every Layout field ``precision_rules`` reads (``effective_recompute_modules`` through the last two recompute
+fields): a batch checks it once per distinct value of these (attune.search.precision_search.rules_ok)."""
 
 
 def precision_rules(L: Layout) -> list[str]:

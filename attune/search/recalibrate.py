@@ -5,8 +5,8 @@ log tokens/s/GPU (`scipy.optimize.least_squares`), with the shipped calibration 
 space, so a few points cannot run away: each measurement weighs with the model's structural error as well as the
 run-to-run noise (FIT_RESIDUAL_SD), and the sampler caps each coefficient's prior so that a one-standard-deviation
 move changes no candidate's predicted throughput by more than EFFECT_PRIOR_SD (`effect_prior_caps`). The fitted
-coefficients and their bounds come from the `bounds` metadata of `attune.estimator.coefficients.Coefficients` fields; coefficients that change predicted memory are left
-to the memory terms.
+coefficients and their bounds come from the `bounds` metadata of `attune.estimator.coefficients.Coefficients`
+fields; coefficients that change predicted memory are left to the memory terms.
 
 Memory: measured peaks and real OOMs update an additive offset per stage position (first, middle, last
 pipeline stage; a single stage is both first and last): a common offset (the mean of measured - predicted over

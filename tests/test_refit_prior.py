@@ -40,7 +40,7 @@ def test_a_hidden_term_is_capped_by_its_effect_not_its_derivative():
     assert "attention_efficiency" not in caps  # not in log_tokens: no effect, no cap
 
 
-def test_one_far_measurement_moves_the_candidates_less_than_its_error(tmp_path, monkeypatch):
+def test_one_far_measurement_moves_the_candidates_less_than_its_error(tmp_path):
     """The baseline measured 30% over its prediction: the refit moves the best predicted layouts by well under that,
     and by less than the unweighted, uncapped refit did (0.12 of log throughput on this space)."""
     cfg = tune_config(model="Qwen3.6-27B", gpus="8xH200", search_space=SMALL, out=tmp_path)
@@ -53,11 +53,10 @@ def test_one_far_measurement_moves_the_candidates_less_than_its_error(tmp_path, 
     e = estimate(cfg.model, cfg.cluster, cfg.baseline, cfg.workload, cfg.engine, shipped, check_layout=False)
     meas = [rc.Measurement(layout=cfg.baseline, tokens_per_s_per_gpu=1.3 * e.perf.tokens_per_s_per_gpu)]
 
-    def moved(prior_cap):
-        cal = rc.recalibrate(meas, shipped, ctx, cfg.cluster.gpu.capacity_gib, prior_cap)
+    def moved(prior_cap, sd):
+        cal = rc.recalibrate(meas, shipped, ctx, cfg.cluster.gpu.capacity_gib, prior_cap, sd)
         return float(np.max(np.abs(np.log(table.exact_tokens(rows, cal.coefficients) / table.tokens[rows]))))
 
-    bounded = moved(caps)
-    monkeypatch.setattr(rc, "FIT_RESIDUAL_SD", rc.THROUGHPUT_NOISE)
-    unbounded = moved(None)
+    bounded = moved(caps, rc.FIT_RESIDUAL_SD)
+    unbounded = moved(None, rc.THROUGHPUT_NOISE)
     assert bounded < 0.25 * math.log(1.3) < unbounded < math.log(1.3)

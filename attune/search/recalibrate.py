@@ -2,9 +2,10 @@
 
 Throughput: a few physical coefficients of the performance model are refitted by bounded least squares on
 log tokens/s/GPU (`scipy.optimize.least_squares`), with the shipped calibration as a Gaussian prior in log
-space, so a few points cannot run away: each measurement weighs with the model's structural error as well as the
-run-to-run noise (FIT_RESIDUAL_SD), and the sampler caps each coefficient's prior so that a one-standard-deviation
-move changes no candidate's predicted throughput by more than EFFECT_PRIOR_SD (`effect_prior_caps`). The fitted
+space, so a few points cannot run away. An option of the sampler (`attune.search.sampler.EFFECT_PRIORS`) also
+weighs each measurement with the model's structural error (FIT_RESIDUAL_SD) and caps each coefficient's prior so
+that a one-standard-deviation move changes no candidate's predicted throughput by more than EFFECT_PRIOR_SD
+(`effect_prior_caps`). The fitted
 coefficients and their bounds come from the `bounds` metadata of `attune.estimator.coefficients.Coefficients`
 fields; coefficients that change predicted memory are left to the memory terms.
 
@@ -188,10 +189,12 @@ def _fit_names(shipped: Coefficients, probe: Layout | None, ctx: tuple) -> list[
 
 
 def recalibrate(measurements: list[Measurement], shipped: Coefficients, ctx: tuple,
-                capacity_gib: float, prior_cap: dict[str, float] | None = None) -> Calibration:
+                capacity_gib: float, prior_cap: dict[str, float] | None = None,
+                residual_sd: float = THROUGHPUT_NOISE) -> Calibration:
     """Refit throughput coefficients and memory offsets to a study's measurements (see the module docstring).
     `ctx` is (model, cluster, workload, engine). `prior_cap`: an upper bound on a coefficient's prior standard
-    deviation in log space (`effect_prior_caps`), by name."""
+    deviation in log space (`effect_prior_caps`), by name; `residual_sd`: the log standard deviation a measurement
+    is weighed with (THROUGHPUT_NOISE, or FIT_RESIDUAL_SD to count the model's structural error too)."""
     model, cluster, workload, engine = ctx
     ok = [m for m in measurements if m.tokens_per_s_per_gpu]
     shift: dict[str, float] = {}
@@ -214,7 +217,7 @@ def recalibrate(measurements: list[Measurement], shipped: Coefficients, ctx: tup
             c = coef_at(theta)
             pred = np.log([estimate(model, cluster, m.layout, workload, engine, c, check_layout=False)
                            .perf.tokens_per_s_per_gpu for m in ok])
-            return np.concatenate([(pred - y) / FIT_RESIDUAL_SD, theta / prior])
+            return np.concatenate([(pred - y) / residual_sd, theta / prior])
 
         if names:
             from scipy.optimize import least_squares  # loaded on the first measured recalibration (0.4 s to import)
@@ -225,7 +228,7 @@ def recalibrate(measurements: list[Measurement], shipped: Coefficients, ctx: tup
             if np.max(np.abs(theta)) > 1e-6:
                 coef = coef_at(theta)
                 shift = {n: float(v) for (n, _, _), v in zip(names, theta)}
-            rms = float(np.sqrt(np.mean((resid(theta)[:len(ok)] * FIT_RESIDUAL_SD) ** 2)))
+            rms = float(np.sqrt(np.mean((resid(theta)[:len(ok)] * residual_sd) ** 2)))
     offset, spread = memory_offsets(measurements, ctx, capacity_gib, shipped)
     return Calibration(coefficients=coef, log_shift=shift, memory_offset_gib=offset, memory_spread_gib=spread,
                        residual_rms=rms, memory=memory_model(measurements, ctx, capacity_gib, shipped))

@@ -45,6 +45,7 @@ from attune.search import edge as edge_module
 from attune.search import spread_check
 from attune.search.options import TuneOptions
 from attune.search.recalibrate import (
+    FIT_RESIDUAL_SD,
     POSITIONS,
     THROUGHPUT_NOISE,
     Calibration,
@@ -90,10 +91,14 @@ EMPIRICAL_SCALES = False
 SCALE_GRID = (0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8)
 LINEAR_GRID = (1.0, 1.4, 2.0, 2.8)
 SCALE_PRIOR_SD = math.log(2.0)
-# whether the coefficient refit's prior is capped by each coefficient's effect on the candidates
-# (`recalibrate.effect_prior_caps`): a few measurements then cannot move the predictions of layouts that were not
-# measured by more than the calibration's own error
-EFFECT_PRIORS = True
+# whether the study's coefficient refit weighs each measurement with the model's structural error
+# (`recalibrate.FIT_RESIDUAL_SD`) and caps each coefficient's prior by its effect on the candidates
+# (`recalibrate.effect_prior_caps`), so that a few measurements cannot move the predictions of layouts that were
+# not measured by more than the calibration's own error. Off by default: on 40 structural worlds (Llama-3.1-70B and
+# Qwen3-30B-A3B, worlds 0-19 of benchmarks/search_efficiency.py) it lowered the MoE regret at 5 trials (0.57% to
+# 0.28%) but reached 2% in 35 worlds against 36 without it (Llama world 14 lost at trial 10), so reach did not improve
+# (benchmarks/RESULTS.md, issue 20 fourth follow-up)
+EFFECT_PRIORS = False
 # spread of the recalibrated memory prediction, GiB (allocator fragmentation between runs)
 MEMORY_SPREAD_GIB = 1.0
 # layouts re-estimated exactly after a recalibration (the best by the linearised rescoring)
@@ -272,7 +277,11 @@ class ModelGuidedSampler(BaseSampler):
         ctx = self.table.context
         if self.exact or not self.recal or not meas:
             return Calibration(coefficients=self.shipped)
-        cal = recalibrate([m for _, m in meas], self.shipped, ctx, self.capacity, self._prior_caps())
+        if EFFECT_PRIORS:  # the refit weighed with the structural error, its priors capped by their effect
+            cal = recalibrate([m for _, m in meas], self.shipped, ctx, self.capacity, self._prior_caps(),
+                              FIT_RESIDUAL_SD)
+        else:
+            cal = recalibrate([m for _, m in meas], self.shipped, ctx, self.capacity)
         self.calibrations[meas[-1][0]] = cal
         return cal
 

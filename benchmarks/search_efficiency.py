@@ -442,6 +442,10 @@ def main(argv=None) -> int:
     ap.add_argument("--honest-spread", action="store_true",
                     help="the default sampler with its empirical-Bayes GP scales and out-of-sample spread check on "
                          "(attune.search.sampler EMPIRICAL_SCALES, SPREAD_CHECK; off by default)")
+    ap.add_argument("--structural-refit", action="store_true",
+                    help="the default sampler with its coefficient refit weighed with the model's structural error and "
+                         "its priors capped by their effect on the candidates (attune.search.sampler EFFECT_PRIORS; off "
+                         "by default)")
     ap.add_argument("--save", default=None, help="write every world's metrics to this JSON file")
     ap.add_argument("--merge", nargs="+", default=None,
                     help="report the worlds of saved runs (--save files, later files adding strategies to the same "
@@ -464,6 +468,8 @@ def main(argv=None) -> int:
         strategies = tuple(x for x in strategies if x in _SELECTED)
     if a.honest_spread:  # before the workers fork: they inherit the module state
         sampler_module.EMPIRICAL_SCALES = sampler_module.SPREAD_CHECK = True
+    if a.structural_refit:
+        sampler_module.EFFECT_PRIORS = True
     load_targets(targets, only, a.cache)
     per_world = []  # (target number, world number, {strategy: metrics}, claim tuple or None)
     wl = (range(a.first_world, a.first_world + a.worlds) if a.world_list is None

@@ -2,9 +2,12 @@
 
 Throughput: a few physical coefficients of the performance model are refitted by bounded least squares on
 log tokens/s/GPU (`scipy.optimize.least_squares`), with the shipped calibration as a Gaussian prior in log
-space, so a few points cannot run away. The fitted coefficients and their bounds come from the `bounds`
-metadata of `attune.estimator.coefficients.Coefficients` fields; coefficients that change predicted memory are left
-to the memory terms.
+space, so a few points cannot run away. An option of the sampler (`attune.search.sampler.EFFECT_PRIORS`) also
+weighs each measurement with the model's structural error (FIT_RESIDUAL_SD) and caps each coefficient's prior so
+that a one-standard-deviation move changes no candidate's predicted throughput by more than EFFECT_PRIOR_SD
+(`effect_prior_caps`). The fitted
+coefficients and their bounds come from the `bounds` metadata of `attune.estimator.coefficients.Coefficients`
+fields; coefficients that change predicted memory are left to the memory terms.
 
 Memory: measured peaks and real OOMs update an additive offset per stage position (first, middle, last
 pipeline stage; a single stage is both first and last): a common offset (the mean of measured - predicted over
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +35,12 @@ from attune.spec.layout import Layout
 PRIOR_WIDTH_FRACTION = 0.25
 # run-to-run noise of a measured throughput, as a log standard deviation (2-5% between runs, issue 11)
 THROUGHPUT_NOISE = 0.03
+# standard deviation of a measured layout's log throughput about the coefficients' prediction in the refit: the
+# run-to-run noise and the model's structural error at that layout (knob effects no coefficient carries, which the
+# sampler's residual GP models: `attune.search.sampler.PRIOR_SPREAD`, 10%). Weighted by the run-to-run noise alone,
+# the refit explains one measurement's whole structural error by the coefficients, and moves every layout that shares
+# them
+FIT_RESIDUAL_SD = math.hypot(THROUGHPUT_NOISE, 0.10)
 # memory: prior standard deviation of the offset common to every stage, as a fraction of capacity (the
 # calibration's peak-memory MAPE is 4.9%, `attune calibrate` on memory.yaml), of a stage position's deviation from
 # it (first / last stage buffers, 1% of capacity), and of one measured stage peak (allocator noise, GiB)
@@ -38,6 +48,10 @@ MEMORY_PRIOR_FRACTION, MEMORY_POSITION_FRACTION, MEMORY_NOISE_GIB = 0.05, 0.01, 
 # a stage that ran out of memory is put this far over capacity by the offset (GiB)
 OOM_MARGIN_GIB = 0.25
 POSITIONS = ("first", "middle", "last")
+# the prior on a coefficient's refit, as the log throughput it moves (`effect_prior_caps`): the shipped calibration
+# predicts its corpus within its per-series error (throughput MAPE up to 9.5%, `attune calibrate`), so a
+# one-standard-deviation move of one coefficient changes no candidate's predicted throughput by more than that
+EFFECT_PRIOR_SD = 0.10
 # the per-stage memory correction (`MemoryModel`, issue 20): prior standard deviation of the relative error of a
 # predicted stage peak (the calibration's peak-memory MAPE is 4.9%, `attune calibrate` on memory.yaml) and the
 # allocator's extra spread near capacity: up to MEMORY_EDGE_GIB within MEMORY_EDGE_FRACTION of capacity
@@ -175,9 +189,12 @@ def _fit_names(shipped: Coefficients, probe: Layout | None, ctx: tuple) -> list[
 
 
 def recalibrate(measurements: list[Measurement], shipped: Coefficients, ctx: tuple,
-                capacity_gib: float) -> Calibration:
+                capacity_gib: float, prior_cap: dict[str, float] | None = None,
+                residual_sd: float = THROUGHPUT_NOISE) -> Calibration:
     """Refit throughput coefficients and memory offsets to a study's measurements (see the module docstring).
-    `ctx` is (model, cluster, workload, engine)."""
+    `ctx` is (model, cluster, workload, engine). `prior_cap`: an upper bound on a coefficient's prior standard
+    deviation in log space (`effect_prior_caps`), by name; `residual_sd`: the log standard deviation a measurement
+    is weighed with (THROUGHPUT_NOISE, or FIT_RESIDUAL_SD to count the model's structural error too)."""
     model, cluster, workload, engine = ctx
     ok = [m for m in measurements if m.tokens_per_s_per_gpu]
     shift: dict[str, float] = {}
@@ -189,6 +206,8 @@ def recalibrate(measurements: list[Measurement], shipped: Coefficients, ctx: tup
         lo = np.log(np.array([b[1] for b in names]) / c0)
         hi = np.log(np.array([b[2] for b in names]) / c0)
         prior = PRIOR_WIDTH_FRACTION * (hi - lo)
+        if prior_cap:
+            prior = np.minimum(prior, [prior_cap.get(n, math.inf) for n, _, _ in names])
         y = np.log([m.tokens_per_s_per_gpu for m in ok])
 
         def coef_at(theta):
@@ -198,7 +217,7 @@ def recalibrate(measurements: list[Measurement], shipped: Coefficients, ctx: tup
             c = coef_at(theta)
             pred = np.log([estimate(model, cluster, m.layout, workload, engine, c, check_layout=False)
                            .perf.tokens_per_s_per_gpu for m in ok])
-            return np.concatenate([(pred - y) / THROUGHPUT_NOISE, theta / prior])
+            return np.concatenate([(pred - y) / residual_sd, theta / prior])
 
         if names:
             from scipy.optimize import least_squares  # loaded on the first measured recalibration (0.4 s to import)
@@ -209,10 +228,36 @@ def recalibrate(measurements: list[Measurement], shipped: Coefficients, ctx: tup
             if np.max(np.abs(theta)) > 1e-6:
                 coef = coef_at(theta)
                 shift = {n: float(v) for (n, _, _), v in zip(names, theta)}
-            rms = float(np.sqrt(np.mean((resid(theta)[:len(ok)] * THROUGHPUT_NOISE) ** 2)))
+            rms = float(np.sqrt(np.mean((resid(theta)[:len(ok)] * residual_sd) ** 2)))
     offset, spread = memory_offsets(measurements, ctx, capacity_gib, shipped)
     return Calibration(coefficients=coef, log_shift=shift, memory_offset_gib=offset, memory_spread_gib=spread,
                        residual_rms=rms, memory=memory_model(measurements, ctx, capacity_gib, shipped))
+
+
+def effect_prior_caps(shipped: Coefficients, log_tokens: Callable[[Coefficients], np.ndarray],
+                      effect_sd: float = EFFECT_PRIOR_SD) -> dict[str, float]:
+    """Prior caps for `recalibrate` (name -> largest log standard deviation of the coefficient): a
+    one-standard-deviation move of a coefficient (either way, within its bounds) may change the predicted log
+    throughput `log_tokens(coefficients)` of the layouts that matter (the candidates) by at most `effect_sd`; a
+    coefficient whose prior moves them more has its prior shrunk in proportion. The move is priced for real, not by a
+    derivative: a term hidden behind another at the shipped value (the host optimizer's step, overlapped) has no
+    derivative there but sets the step once the move is large. Without it, one baseline 24% under its prediction
+    moved the host optimizer's bandwidth to its bound and put the best predicted layouts of a MoE space 30-50% under
+    theirs (benchmarks/RESULTS.md, issue 20 fourth follow-up)."""
+    base = log_tokens(shipped)
+    caps = {}
+    for name, lo, hi in fitted_bounds(shipped):
+        c0 = getattr(shipped, name)
+        if not (c0 > 0 and 0 < lo < hi):
+            continue
+        lo, hi = min(lo, c0), max(hi, c0)
+        prior = PRIOR_WIDTH_FRACTION * math.log(hi / lo)
+        effect = max(float(np.max(np.abs(log_tokens(dataclasses.replace(
+            shipped, **{name: float(np.clip(c0 * math.exp(sign * prior), lo, hi))})) - base), initial=0.0))
+            for sign in (-1.0, 1.0))
+        if effect > effect_sd:
+            caps[name] = prior * effect_sd / effect
+    return caps
 
 
 def memory_model(measurements: list[Measurement], ctx: tuple, capacity_gib: float,

@@ -44,7 +44,15 @@ from attune.estimator.coefficients import Coefficients
 from attune.search import edge as edge_module
 from attune.search import spread_check
 from attune.search.options import TuneOptions
-from attune.search.recalibrate import POSITIONS, THROUGHPUT_NOISE, Calibration, Measurement, recalibrate
+from attune.search.recalibrate import (
+    FIT_RESIDUAL_SD,
+    POSITIONS,
+    THROUGHPUT_NOISE,
+    Calibration,
+    Measurement,
+    effect_prior_caps,
+    recalibrate,
+)
 from attune.search.scoring import ScoredSpace
 from attune.search.space import FEATURES, layout_features, layout_from_dict, layout_key, params_key
 from attune.spec.layout import Layout
@@ -83,10 +91,21 @@ EMPIRICAL_SCALES = False
 SCALE_GRID = (0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8)
 LINEAR_GRID = (1.0, 1.4, 2.0, 2.8)
 SCALE_PRIOR_SD = math.log(2.0)
+# whether the study's coefficient refit weighs each measurement with the model's structural error
+# (`recalibrate.FIT_RESIDUAL_SD`) and caps each coefficient's prior by its effect on the candidates
+# (`recalibrate.effect_prior_caps`), so that a few measurements cannot move the predictions of layouts that were
+# not measured by more than the calibration's own error. Off by default: on 40 structural worlds (Llama-3.1-70B and
+# Qwen3-30B-A3B, worlds 0-19 of benchmarks/search_efficiency.py) it lowered the MoE regret at 5 trials (0.57% to
+# 0.28%) but reached 2% in 35 worlds against 36 without it (Llama world 14 lost at trial 10), so reach did not improve
+# (benchmarks/RESULTS.md, issue 20 fourth follow-up)
+EFFECT_PRIORS = False
 # spread of the recalibrated memory prediction, GiB (allocator fragmentation between runs)
 MEMORY_SPREAD_GIB = 1.0
 # layouts re-estimated exactly after a recalibration (the best by the linearised rescoring)
 EXACT_TOP = 32
+# the layouts the refit's prior caps are priced on (`ModelGuidedSampler._prior_caps`): the best predicted that fit,
+# as many as are re-estimated exactly
+CAP_ROWS = EXACT_TOP
 # the states in which a trial's layout is taken (running, queued, or measured)
 _LIVE = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
 
@@ -234,6 +253,7 @@ class ModelGuidedSampler(BaseSampler):
         self._pp = t.cols["pp"]
         self._single = self._pp == 1
         self._oom_floors: list[tuple[int, int, float]] = []  # (PP, position, shipped predicted GiB) of real OOMs
+        self._caps: dict[str, float] | None = None
 
     # ------------------------------------------------------------------ Optuna's sampler interface
     def infer_relative_search_space(self, study, trial):
@@ -257,9 +277,26 @@ class ModelGuidedSampler(BaseSampler):
         ctx = self.table.context
         if self.exact or not self.recal or not meas:
             return Calibration(coefficients=self.shipped)
-        cal = recalibrate([m for _, m in meas], self.shipped, ctx, self.capacity)
+        if EFFECT_PRIORS:  # the refit weighed with the structural error, its priors capped by their effect
+            cal = recalibrate([m for _, m in meas], self.shipped, ctx, self.capacity, self._prior_caps(),
+                              FIT_RESIDUAL_SD)
+        else:
+            cal = recalibrate([m for _, m in meas], self.shipped, ctx, self.capacity)
         self.calibrations[meas[-1][0]] = cal
         return cal
+
+    def _prior_caps(self) -> dict[str, float] | None:
+        """Each coefficient's prior cap (`recalibrate.effect_prior_caps`): the effect of a one-standard-deviation
+        move, estimated exactly on the CAP_ROWS best predicted layouts that fit (`ScoredSpace.sensitive_rows`);
+        computed once per study (None when EFFECT_PRIORS is off or no layout fits)."""
+        if not EFFECT_PRIORS:
+            return None
+        if self._caps is None:
+            rows = self.table.sensitive_rows(self.capacity)
+            rows = rows[np.argsort(-self.table.tokens[rows])[:CAP_ROWS]]
+            self._caps = (effect_prior_caps(self.shipped, lambda c: np.log(self.table.exact_tokens(rows, c)))
+                          if len(rows) else {})
+        return self._caps or None
 
     def _mean_log(self, cal: Calibration) -> np.ndarray:
         mu = self._log_tokens.copy()

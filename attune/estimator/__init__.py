@@ -1,4 +1,7 @@
-"""One estimate of a layout: memory per stage, the verdict and the predicted speed, as one object."""
+"""One estimate of a layout: memory per stage, the verdict and the predicted speed, as one object.
+
+A single layout is a batch of one: ``estimate`` checks the layout, estimates it with ``estimate_batch`` and reads row
+0 as typed records (``attune.estimator.terms``). There is no other composition of an estimate."""
 
 from __future__ import annotations
 
@@ -6,19 +9,19 @@ from dataclasses import dataclass
 
 from attune.errors import LayoutError
 from attune.estimator.batch import BatchEstimate, estimate_batch
-from attune.estimator.compose import estimate_parts
-from attune.estimator.memory import MemoryEstimate
-from attune.estimator.performance import PerfEstimate
+from attune.estimator.terms import MemoryTerms, PerfTerms, row_terms
+from attune.spec.columns import LayoutColumns
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec
+from attune.spec.placement import batching
 from attune.spec.precision import hardware_refusal
 from attune.spec.rules import validate
 
 from .coefficients import Coefficients, coefficients_for
 
-__all__ = ["Estimate", "estimate", "estimate_parts", "estimate_batch", "BatchEstimate"]
+__all__ = ["Estimate", "estimate", "estimate_batch", "BatchEstimate"]
 
 
 @dataclass
@@ -28,8 +31,8 @@ class Estimate:
     layout: Layout
     workload: Workload
     engine: Engine
-    memory: MemoryEstimate
-    perf: PerfEstimate
+    memory: MemoryTerms
+    perf: PerfTerms
 
     @property
     def fits(self) -> bool:
@@ -68,14 +71,15 @@ class Estimate:
 
 def estimate(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workload, engine: Engine,
              coef: Coefficients | None = None, check_layout: bool = True) -> Estimate:
-    """Memory and performance of one layout. The placement (stages, chunks, batching, in-flight
-    microbatches) is derived once here and handed to both models. Without ``coef``, the fitted set of the
-    cluster's GPU generation (``coefficients_for``)."""
+    """Memory and performance of one layout: a batch of one through ``estimate_batch``, read as typed records.
+    Without ``coef``, the fitted set of the cluster's GPU generation (``coefficients_for``)."""
     coef = coef if coef is not None else coefficients_for(cluster.gpu)
     if check_layout:
         validate(layout, model, cluster.world_size, workload, engine)
         refused = hardware_refusal(layout, cluster.gpu.generation, cluster.gpu.is_cpu)
         if refused:
             raise LayoutError(refused)
-    mem, perf = estimate_parts(model, cluster, layout, workload, engine, coef)
+    b = estimate_batch(model, cluster, LayoutColumns.from_layouts([layout]), workload, engine, coef)
+    mem, perf = row_terms(b, 0, batching(layout, workload, engine), model.moe is not None,
+                          bool(layout.offload_modules))
     return Estimate(model, cluster, layout, workload, engine, mem, perf)

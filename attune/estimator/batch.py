@@ -49,10 +49,10 @@ from attune.estimator.compose import estimate_parts
 from attune.estimator.memory import MemoryEstimate
 from attune.estimator.metrics import model_flops_utilization
 from attune.estimator.performance import PerfEstimate
-from attune.spec.columns import LayoutColumns
+from attune.spec.columns import KINDS, NONE_INT, LayoutColumns
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster, GiB
-from attune.spec.layout import Workload
+from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec
 
 from .coefficients import Coefficients, coefficients_for
@@ -67,6 +67,8 @@ class StagePiece:
     stage: np.ndarray
     time: BatchStageTime
     memory: BatchStageMemory
+    layers: np.ndarray
+    """[rows, stages] decoder layers of each stage."""
 
 
 class BatchEstimate:
@@ -147,6 +149,15 @@ class BatchEstimate:
             parts = [p.memory.overheads.get(name, np.zeros_like(p.memory.params)) for p in self.pieces]
         return _merge_array(self._order, self._stages, parts)
 
+    def piece_of(self, i: int) -> tuple[StagePiece, int]:
+        """(the per-stage piece holding row i, the row's index in it): one row's records without assembling the
+        batch's (``terms.row_terms``)."""
+        for p in self.pieces:
+            at = np.flatnonzero(p.rows == i)
+            if at.size:
+                return p, int(at[0])
+        raise IndexError(f"row {i} of a batch of {len(self)}")
+
     @property
     def _order(self) -> np.ndarray:
         return np.concatenate([p.rows for p in self.pieces])
@@ -157,24 +168,7 @@ class BatchEstimate:
 
 
 STEP_FIELDS = ("pipeline_s", "bubble_s", "dp_comm_s", "optimizer_s", "overhead_s", "step_time_s")
-"""The seconds of ``BatchStep`` that ``PerfEstimate`` has under the same names."""
-
-
-def estimate_terms(mem: MemoryEstimate, perf: PerfEstimate) -> dict[str, float]:
-    """Every term of a scalar estimate (``estimate_parts``) by the names ``BatchEstimate.terms`` gives a row's."""
-    out = {k: float(getattr(perf, k)) for k in STEP_FIELDS}
-    out.update(tokens_per_s_per_gpu=perf.tokens_per_s_per_gpu, mfu=perf.mfu,
-               usd_per_million_tokens=perf.usd_per_million_tokens, peak_gib=mem.peak_gib,
-               peak_allocated_gib=mem.peak_allocated_gib, peak_reserved_gib=mem.peak_reserved_gib,
-               peak_stage=float(mem.peak_stage), host_needed_gib=mem.host_needed_gib, fits=float(mem.fits),
-               critical_stage=float(perf.breakdown.critical_stage), microbatches=float(mem.batch.microbatches))
-    for s, (ts, ms) in enumerate(zip(perf.stages, mem.stages)):
-        out.update({f"{f.name}[{s}]": float(ts.parts[f.name] if f.name in ts.parts else getattr(ts, f.name))
-                    for f in fields(BatchStageTime)})
-        out.update({f"{f.name}[{s}]": float(getattr(ms, f.name)) for f in fields(BatchStageMemory)
-                    if f.name != "overheads"})
-        out.update({f"overhead.{k}[{s}]": float(v) for k, v in ms.overheads.items()})
-    return out
+"""The seconds of ``BatchStep`` that ``terms.PerfTerms`` has under the same names."""
 
 
 _TIME_NAMES = frozenset(f.name for f in fields(BatchStageTime))
@@ -230,11 +224,13 @@ def _group_estimate(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, wor
     step_s = pipe + dp_s + opt + overhead
     mem = stage_memory(model, cluster, cols, engine, coef, pl, kt, kn, ot, params)
     step = BatchStep(pipe, bubble, dp_s, opt, overhead, step_s, crit, pl.microbatches)
-    return _finish(model, cluster, cols, workload, pl.stage, st, step, mem, np.zeros(len(cols), dtype=bool))
+    return _finish(model, cluster, cols, workload, pl.stage, st, step, mem, np.zeros(len(cols), dtype=bool),
+                   pl.layers.sum(axis=2))
 
 
 def _finish(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: Workload, stage: np.ndarray,
-            st: BatchStageTime, step: BatchStep, mem: BatchStageMemory, scalar: np.ndarray) -> BatchEstimate:
+            st: BatchStageTime, step: BatchStep, mem: BatchStageMemory, scalar: np.ndarray,
+            layers: np.ndarray) -> BatchEstimate:
     """Throughput, MFU, cost, peaks and the verdict from the per-stage terms (``MemoryEstimate``'s properties)."""
     gpu = cluster.gpu
     world = cols["tp"] * cols["pp"] * cols["cp"] * cols["dp"]
@@ -255,31 +251,53 @@ def _finish(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: W
         peak_reserved_gib=np.where(stage, mem.reserved_gib, -np.inf).max(axis=1), peak_stage=np.argmax(total, axis=1),
         host_needed_gib=host_needed, host_capacity_gib=host_cap, capacity_gib=capacity,
         fits=(peak <= capacity) & (host_needed <= host_cap), scalar_rows=scalar,
-        pieces=[StagePiece(np.arange(len(peak)), stage, st, mem)])
+        pieces=[StagePiece(np.arange(len(peak)), stage, st, mem, layers)])
 
 
-def _one_row(mem: MemoryEstimate, perf: PerfEstimate) -> BatchEstimate:
-    """A batch of one from the scalar composition's result (the rows ``scalar_rows`` selects)."""
+def _one_row(mem: MemoryEstimate, perf: PerfEstimate | None) -> BatchEstimate:
+    """A batch of one from the scalar composition's result (the rows ``scalar_rows`` selects); without ``perf``
+    (``estimate_batch``'s ``perf_below_gib``) every second and the throughput read NaN."""
     row = lambda xs: np.array([xs], dtype=np.float64)  # noqa: E731
-    ms, ps = mem.stages, perf.stages
+    ms = mem.stages
+    if perf is None:
+        nan = np.full((1, len(ms)), np.nan)
+        time = BatchStageTime(**{f.name: nan for f in fields(BatchStageTime)})
+        one = np.full(1, np.nan)
+        return BatchEstimate(
+            step=BatchStep(one, one, one, one, one, one, np.zeros(1, np.int64), np.array([mem.batch.microbatches])),
+            tokens_per_s_per_gpu=one, mfu=one, usd_per_million_tokens=one, **_memory_row(mem, row), pieces=[
+                StagePiece(np.zeros(1, np.int64), np.ones((1, len(ms)), dtype=bool), time, _memory_record(mem, row),
+                           row([s.layers for s in ms]))])
+    ps = perf.stages
     time = BatchStageTime(**{f.name: row([s.parts[f.name] if f.name in s.parts else getattr(s, f.name) for s in ps])
                              for f in fields(BatchStageTime)})
-    names = list(dict.fromkeys(k for s in ms for k in s.overheads))
-    memory = BatchStageMemory(
-        **{f.name: row([getattr(s, f.name) for s in ms]) for f in fields(BatchStageMemory) if f.name != "overheads"},
-        overheads={k: row([s.overheads.get(k, 0.0) for s in ms]) for k in names})
+    memory = _memory_record(mem, row)
     b = perf.breakdown
     step = BatchStep(row(perf.pipeline_s), row(perf.bubble_s), row(perf.dp_comm_s), row(perf.optimizer_s),
                      row(perf.overhead_s), row(perf.step_time_s), np.array([b.critical_stage]),
                      np.array([mem.batch.microbatches]))
     return BatchEstimate(
         step=step, tokens_per_s_per_gpu=row(perf.tokens_per_s_per_gpu), mfu=row(perf.mfu),
-        usd_per_million_tokens=row(perf.usd_per_million_tokens), peak_gib=row(mem.peak_gib),
-        peak_allocated_gib=row(mem.peak_allocated_gib), peak_reserved_gib=row(mem.peak_reserved_gib),
-        peak_stage=np.array([mem.peak_stage]), host_needed_gib=row(mem.host_needed_gib),
-        host_capacity_gib=mem.host_capacity_gib, capacity_gib=mem.capacity_gib, fits=np.array([mem.fits]),
-        scalar_rows=np.array([True]), pieces=[StagePiece(np.zeros(1, np.int64), np.ones((1, len(ms)), dtype=bool),
-                                                          time, memory)])
+        usd_per_million_tokens=row(perf.usd_per_million_tokens), **_memory_row(mem, row),
+        pieces=[StagePiece(np.zeros(1, np.int64), np.ones((1, len(ms)), dtype=bool), time, memory,
+                           row([s.layers for s in ms]))])
+
+
+def _memory_record(mem: MemoryEstimate, row) -> BatchStageMemory:
+    """The scalar composition's per-stage memory as a record of [1, stages] arrays."""
+    ms = mem.stages
+    names = list(dict.fromkeys(k for s in ms for k in s.overheads))
+    return BatchStageMemory(
+        **{f.name: row([getattr(s, f.name) for s in ms]) for f in fields(BatchStageMemory) if f.name != "overheads"},
+        overheads={k: row([s.overheads.get(k, 0.0) for s in ms]) for k in names})
+
+
+def _memory_row(mem: MemoryEstimate, row) -> dict:
+    """The scalar composition's per-row memory figures as BatchEstimate's [1] arrays."""
+    return dict(peak_gib=row(mem.peak_gib), peak_allocated_gib=row(mem.peak_allocated_gib),
+                peak_reserved_gib=row(mem.peak_reserved_gib), peak_stage=np.array([mem.peak_stage]),
+                host_needed_gib=row(mem.host_needed_gib), host_capacity_gib=mem.host_capacity_gib,
+                capacity_gib=mem.capacity_gib, fits=np.array([mem.fits]), scalar_rows=np.array([True]))
 
 
 def _merge_array(order: np.ndarray, S: int, pieces: list[np.ndarray]) -> np.ndarray:
@@ -322,17 +340,35 @@ def _merge(pieces: list[tuple[np.ndarray, BatchEstimate]]) -> BatchEstimate:
     order = np.concatenate([i for i, _ in pieces])
     ests = [b for _, b in pieces]
     row = {k: _merge_array(order, 1, [getattr(b, k) for b in ests]) for k in ROW_FIELDS}
-    stage_pieces = [StagePiece(i[p.rows], p.stage, p.time, p.memory) for i, b in pieces for p in b.pieces]
+    stage_pieces = [StagePiece(i[p.rows], p.stage, p.time, p.memory, p.layers) for i, b in pieces for p in b.pieces]
     return BatchEstimate(step=_merge_record(BatchStep, order, 1, [b.step for b in ests]),
                          host_capacity_gib=ests[0].host_capacity_gib, capacity_gib=ests[0].capacity_gib,
                          pieces=stage_pieces, **row)
 
 
+def _layouts(cols: LayoutColumns):
+    """Every row as a `Layout`, in order (`LayoutColumns.layout` per row, with the columns turned into Python
+    values once instead of one numpy scalar at a time)."""
+    names = list(cols.columns())
+    values = []
+    for name in names:
+        col = cols[name].tolist()
+        if KINDS[name] == "opt_int":
+            col = [None if v == NONE_INT else v for v in col]
+        elif KINDS[name] == "opt_float":
+            col = [None if v != v else v for v in col]  # NaN
+        values.append(col)
+    for row in zip(*values):
+        yield Layout(**dict(zip(names, row)))
+
+
 def estimate_batch(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: Workload, engine: Engine,
-                   coef: Coefficients | None = None) -> BatchEstimate:
+                   coef: Coefficients | None = None, perf_below_gib: float | None = None) -> BatchEstimate:
     """Memory and performance of every row of ``cols`` (no layout rule checked). Without ``coef``, the fitted set of
     the cluster's GPU generation (``coefficients_for``), as ``estimate`` does. Rows ``scalar_rows`` selects go
-    through the scalar composition (``estimate_parts``), the others through the array engine."""
+    through the scalar composition (``estimate_parts``), the others through the array engine. ``perf_below_gib``
+    (the search's memory-first scoring): a scalar row whose peak exceeds it or whose host memory does not fit gets
+    no performance (NaN seconds and throughput); array rows always have theirs."""
     coef = coef if coef is not None else coefficients_for(cluster.gpu)
     scalar = scalar_rows(model, cluster, cols, engine)
     pieces: list[tuple[np.ndarray, BatchEstimate]] = []
@@ -342,8 +378,9 @@ def estimate_batch(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, work
         if not scalar.any():
             return est
         pieces.append((np.flatnonzero(~scalar), est))
-    for i in np.flatnonzero(scalar):
-        mem, perf = estimate_parts(model, cluster, cols.layout(int(i)), workload, engine, coef)
+    idx = np.flatnonzero(scalar)
+    for i, lay in zip(idx, _layouts(cols.take(idx)) if idx.size else ()):
+        mem, perf = estimate_parts(model, cluster, lay, workload, engine, coef, perf_below_gib)
         pieces.append((np.array([i]), _one_row(mem, perf)))
     if not pieces:
         raise LayoutError("estimate_batch: an empty batch (give at least one layout)")

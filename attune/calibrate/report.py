@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from attune.calibrate.rows import MEMORY, Corpus, CorpusRow
 from attune.errors import AttuneError
-from attune.estimator import Estimate, estimate
+from attune.estimator import Estimate, estimate, estimate_layouts
 from attune.estimator.coefficients import Coefficients, coefficients_for
 
 if TYPE_CHECKING:
@@ -104,8 +104,40 @@ def predict_row(row: CorpusRow, coef: Coefficients | None = None) -> Prediction:
     return _from_estimate(row, est)
 
 
+def predict_rows(rows: Sequence[CorpusRow], coefficients: CoefficientsFor = default_coefficients) -> list[Prediction]:
+    """``predict_row`` of every row, in order: the rows of one target (model, cluster, engine, workload) and
+    coefficients estimated as one batch (``estimate_layouts``); a batch that fails goes row by row."""
+    groups: list[tuple[CorpusRow, Coefficients, list[int]]] = []
+    by_name: dict[tuple, list[int]] = {}
+    for i, r in enumerate(rows):
+        if not r.expressed:
+            raise ValueError(f"row {r.id} is not expressed: {r.reason}")
+        c = coefficients(r)
+        key = (r.model.name, r.cluster.spec, r.engine.name, r.workload, id(c))
+        for g in by_name.setdefault(key, []):
+            first, gc, members = groups[g]
+            if gc is c and (first.model, first.cluster, first.engine) == (r.model, r.cluster, r.engine):
+                members.append(i)
+                break
+        else:
+            by_name[key].append(len(groups))
+            groups.append((r, c, [i]))
+    out: list[Prediction | None] = [None] * len(rows)
+    for first, c, members in groups:
+        ests = None
+        if len(members) > 1:
+            try:
+                ests = estimate_layouts(first.model, first.cluster, [rows[i].layout for i in members], first.workload,
+                                        first.engine, c)
+            except (AttuneError, ArithmeticError):
+                ests = None  # one row's failure: each row on its own, failures kept with their reasons
+        for j, i in enumerate(members):
+            out[i] = predict_row(rows[i], c) if ests is None else _from_estimate(rows[i], ests[j])
+    return out
+
+
 def predict(corpus: Corpus, coefficients: CoefficientsFor = default_coefficients) -> list[Prediction]:
-    return [predict_row(r, coefficients(r)) for r in corpus.expressed]
+    return predict_rows(corpus.expressed, coefficients)
 
 
 # ---------------------------------------------------------------------- scores

@@ -21,7 +21,7 @@ from attune.spec.rules import validate
 
 from .coefficients import Coefficients, coefficients_for
 
-__all__ = ["Estimate", "estimate", "estimate_batch", "BatchEstimate"]
+__all__ = ["Estimate", "estimate", "estimate_layouts", "estimate_batch", "BatchEstimate"]
 
 
 @dataclass
@@ -79,7 +79,42 @@ def estimate(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workl
         refused = hardware_refusal(layout, cluster.gpu.generation, cluster.gpu.is_cpu)
         if refused:
             raise LayoutError(refused)
-    b = estimate_batch(model, cluster, LayoutColumns.from_layouts([layout]), workload, engine, coef)
-    mem, perf = row_terms(b, 0, batching(layout, workload, engine), model.moe is not None,
+    key = (id(model), id(cluster), id(engine), layout, workload, coef)
+    hit = _ESTIMATES.get(key)
+    if hit is not None and hit.model is model and hit.cluster is cluster and hit.engine is engine:
+        return hit  # the held objects make an id reused after garbage collection a miss
+    cols = _COLUMNS.get(layout)
+    if cols is None:
+        if len(_COLUMNS) >= ESTIMATES_KEPT:
+            _COLUMNS.clear()
+        cols = _COLUMNS[layout] = LayoutColumns.from_layouts([layout])
+    b = estimate_batch(model, cluster, cols, workload, engine, coef)
+    est = _ESTIMATES[key] = _row_estimate(b, 0, model, cluster, layout, workload, engine)
+    if len(_ESTIMATES) > ESTIMATES_KEPT:
+        del _ESTIMATES[next(iter(_ESTIMATES))]
+    return est
+
+
+def estimate_layouts(model: ModelSpec, cluster: Cluster, layouts: list[Layout], workload: Workload, engine: Engine,
+                     coef: Coefficients | None = None) -> list[Estimate]:
+    """``estimate`` of several layouts of one target as one batch (no layout rule checked): what a caller that
+    estimates many layouts at once reads (the calibration fit). The same records, row for row."""
+    coef = coef if coef is not None else coefficients_for(cluster.gpu)
+    b = estimate_batch(model, cluster, LayoutColumns.from_layouts(layouts), workload, engine, coef)
+    return [_row_estimate(b, i, model, cluster, lay, workload, engine) for i, lay in enumerate(layouts)]
+
+
+def _row_estimate(b: BatchEstimate, i: int, model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workload,
+                  engine: Engine) -> Estimate:
+    """Row i of a batch as an ``Estimate`` (typed records)."""
+    mem, perf = row_terms(b, i, batching(layout, workload, engine), model.moe is not None,
                           bool(layout.offload_modules))
     return Estimate(model, cluster, layout, workload, engine, mem, perf)
+
+
+ESTIMATES_KEPT = 4096
+"""Estimates ``estimate`` keeps, oldest out first: the tuner, the report and the recalibration ask again for the
+layouts they already asked for (each is a few dozen records; the search's table does not come through here)."""
+_ESTIMATES: dict[tuple, Estimate] = {}
+_COLUMNS: dict[Layout, LayoutColumns] = {}
+"""Each layout's batch of one (the calibration fit asks for the same layouts with other coefficients)."""

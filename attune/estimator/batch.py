@@ -214,7 +214,7 @@ def _group_estimate(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, wor
                     coef: Coefficients, kt: KindTables, kn: KnobTables, ot: OverheadTables,
                     pp_send: np.ndarray) -> BatchEstimate:
     """Rows of one (PP, VPP, recompute method): placement, per-stage times and memory, the step and the verdict."""
-    pl = place_batch(model, cols, workload, engine)
+    pl = _placement(model, cols, workload, engine)
     st = stage_times(model, cluster, cols, pl, kt, kn, pp_send)
     params = stage_params(model, cols, pl, kt)
     pipe, bubble, crit, _ = pipeline(st, pl)
@@ -226,6 +226,23 @@ def _group_estimate(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, wor
     step = BatchStep(pipe, bubble, dp_s, opt, overhead, step_s, crit, pl.microbatches)
     return _finish(model, cluster, cols, workload, pl.stage, st, step, mem, np.zeros(len(cols), dtype=bool),
                    pl.layers.sum(axis=2))
+
+
+def _placement(model: ModelSpec, cols: LayoutColumns, workload: Workload, engine: Engine):
+    """``place_batch``, kept for a batch of one (``estimate``: the calibration fit and the tuner ask for the same
+    layouts again with other coefficients; the placement reads none)."""
+    if len(cols) != 1:
+        return place_batch(model, cols, workload, engine)
+    key = (id(model), id(engine), workload, cols.layout(0))
+    hit = _PLACEMENTS.get(key)
+    if hit is None or hit[0] is not model or hit[1] is not engine:  # held: an id reused after collection misses
+        if len(_PLACEMENTS) >= 4096:
+            _PLACEMENTS.clear()
+        hit = _PLACEMENTS[key] = (model, engine, place_batch(model, cols, workload, engine))
+    return hit[2]
+
+
+_PLACEMENTS: dict[tuple, tuple] = {}
 
 
 def _finish(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: Workload, stage: np.ndarray,
@@ -379,9 +396,10 @@ def estimate_batch(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, work
             return est
         pieces.append((np.flatnonzero(~scalar), est))
     idx = np.flatnonzero(scalar)
-    for i, lay in zip(idx, _layouts(cols.take(idx)) if idx.size else ()):
+    lays = [cols.layout(0)] if len(cols) == 1 else (_layouts(cols.take(idx)) if idx.size else ())
+    for i, lay in zip(idx, lays):
         mem, perf = estimate_parts(model, cluster, lay, workload, engine, coef, perf_below_gib)
         pieces.append((np.array([i]), _one_row(mem, perf)))
     if not pieces:
         raise LayoutError("estimate_batch: an empty batch (give at least one layout)")
-    return _merge(pieces)
+    return pieces[0][1] if len(cols) == 1 else _merge(pieces)

@@ -100,7 +100,13 @@ def estimate_layouts(model: ModelSpec, cluster: Cluster, layouts: list[Layout], 
     """``estimate`` of several layouts of one target as one batch (no layout rule checked): what a caller that
     estimates many layouts at once reads (the calibration fit). The same records, row for row."""
     coef = coef if coef is not None else coefficients_for(cluster.gpu)
-    b = estimate_batch(model, cluster, LayoutColumns.from_layouts(layouts), workload, engine, coef)
+    key = tuple(layouts)
+    cols = _COLUMNS.get(key)
+    if cols is None:
+        if len(_COLUMNS) >= ESTIMATES_KEPT:
+            _COLUMNS.clear()
+        cols = _COLUMNS[key] = LayoutColumns.from_layouts(layouts)
+    b = estimate_batch(model, cluster, cols, workload, engine, coef)
     return [_row_estimate(b, i, model, cluster, lay, workload, engine) for i, lay in enumerate(layouts)]
 
 
@@ -116,5 +122,6 @@ ESTIMATES_KEPT = 4096
 """Estimates ``estimate`` keeps, oldest out first: the tuner, the report and the recalibration ask again for the
 layouts they already asked for (each is a few dozen records; the search's table does not come through here)."""
 _ESTIMATES: dict[tuple, Estimate] = {}
-_COLUMNS: dict[Layout, LayoutColumns] = {}
-"""Each layout's batch of one (the calibration fit asks for the same layouts with other coefficients)."""
+_COLUMNS: dict[Layout | tuple[Layout, ...], LayoutColumns] = {}
+"""Each layout's batch of one, each list's batch (the calibration fit asks for the same layouts again with other
+coefficients)."""

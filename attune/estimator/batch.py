@@ -229,11 +229,12 @@ def _group_estimate(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, wor
 
 
 def _placement(model: ModelSpec, cols: LayoutColumns, workload: Workload, engine: Engine):
-    """``place_batch``, kept for a batch of one (``estimate``: the calibration fit and the tuner ask for the same
-    layouts again with other coefficients; the placement reads none)."""
-    if len(cols) != 1:
+    """``place_batch``, kept for small batches made of layouts (``estimate``, the calibration fit, the recalibration:
+    they ask for the same layouts again with other coefficients; the placement reads none)."""
+    source = cols.source() if len(cols) <= PLACEMENTS_KEPT_ROWS else None
+    if source is None:
         return place_batch(model, cols, workload, engine)
-    key = (id(model), id(engine), workload, cols.layout(0))
+    key = (id(model), id(engine), workload, source)
     hit = _PLACEMENTS.get(key)
     if hit is None or hit[0] is not model or hit[1] is not engine:  # held: an id reused after collection misses
         if len(_PLACEMENTS) >= 4096:
@@ -243,6 +244,8 @@ def _placement(model: ModelSpec, cols: LayoutColumns, workload: Workload, engine
 
 
 _PLACEMENTS: dict[tuple, tuple] = {}
+PLACEMENTS_KEPT_ROWS = 256
+"""Batches up to this many layouts keep their placement (a search's table does not come through here)."""
 
 
 def _finish(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: Workload, stage: np.ndarray,
@@ -286,8 +289,8 @@ def _one_row(mem: MemoryEstimate, perf: PerfEstimate | None) -> BatchEstimate:
                 StagePiece(np.zeros(1, np.int64), np.ones((1, len(ms)), dtype=bool), time, _memory_record(mem, row),
                            row([s.layers for s in ms]))])
     ps = perf.stages
-    time = BatchStageTime(**{f.name: row([s.parts[f.name] if f.name in s.parts else getattr(s, f.name) for s in ps])
-                             for f in fields(BatchStageTime)})
+    time = BatchStageTime(**_columns([[s.parts[n] if n in s.parts else getattr(s, n) for n in _TIME_FIELDS]
+                                      for s in ps], _TIME_FIELDS))
     memory = _memory_record(mem, row)
     b = perf.breakdown
     step = BatchStep(row(perf.pipeline_s), row(perf.bubble_s), row(perf.dp_comm_s), row(perf.optimizer_s),
@@ -304,9 +307,18 @@ def _memory_record(mem: MemoryEstimate, row) -> BatchStageMemory:
     """The scalar composition's per-stage memory as a record of [1, stages] arrays."""
     ms = mem.stages
     names = list(dict.fromkeys(k for s in ms for k in s.overheads))
-    return BatchStageMemory(
-        **{f.name: row([getattr(s, f.name) for s in ms]) for f in fields(BatchStageMemory) if f.name != "overheads"},
-        overheads={k: row([s.overheads.get(k, 0.0) for s in ms]) for k in names})
+    return BatchStageMemory(**_columns([[getattr(s, n) for n in _MEMORY_FIELDS] for s in ms], _MEMORY_FIELDS),
+                            overheads=_columns([[s.overheads.get(k, 0.0) for k in names] for s in ms], names))
+
+
+def _columns(per_stage: list[list[float]], names) -> dict[str, np.ndarray]:
+    """Per-stage rows of values, one per name, as [1, stages] arrays by name (one array built, then views)."""
+    a = np.array(per_stage, dtype=np.float64).reshape(len(per_stage), len(names)).T.copy()
+    return {n: a[i:i + 1] for i, n in enumerate(names)}
+
+
+_TIME_FIELDS = tuple(f.name for f in fields(BatchStageTime))
+_MEMORY_FIELDS = tuple(f.name for f in fields(BatchStageMemory) if f.name != "overheads")
 
 
 def _memory_row(mem: MemoryEstimate, row) -> dict:

@@ -248,14 +248,15 @@ def row_terms(b: BatchEstimate, i: int, batching: Batching, moe: bool, offload: 
     piece, j = b.piece_of(i)
     S = int(piece.stage[j].sum())
     t, m = piece.time, piece.memory
-    tv = {k: getattr(t, k)[j, :S].tolist() for k in _TIME}
-    mv = {k: getattr(m, k)[j, :S].tolist() for k in _MEMORY}
-    ov = {k: v[j, :S].tolist() for k, v in m.overheads.items()}
+    # per stage, the values in the records' field order (``_TIME`` / ``_MEMORY`` follow StageTime / StageMemory)
+    tv = zip(*(getattr(t, k)[j, :S].tolist() for k in _TIME))
+    mv = zip(*(getattr(m, k)[j, :S].tolist() for k in _MEMORY))
+    ov = [(k, v[j, :S].tolist()) for k, v in m.overheads.items()]
     layers = piece.layers[j, :S].tolist()
-    times = [StageTime(stage=s, **{k: tv[k][s] for k in _TIME}) for s in range(S)]
-    mems = [StageMemory(stage=s, layers=int(layers[s]), **{k: mv[k][s] for k in _MEMORY},
-                        overheads={k: v[s] for k, v in ov.items()
-                                   if not (k in CONDITIONAL_OVERHEADS and v[s] == 0.0)}) for s in range(S)]
+    times = [StageTime(s, *vals) for s, vals in enumerate(tv)]
+    mems = [StageMemory(s, int(layers[s]), *vals, overheads={k: v[s] for k, v in ov
+                                                             if v[s] != 0.0 or k not in CONDITIONAL_OVERHEADS})
+            for s, vals in enumerate(mv)]
     step = b.step
     m_b = int(step.microbatches[i])
     peak_stage = int(b.peak_stage[i])

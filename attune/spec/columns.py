@@ -136,13 +136,20 @@ class LayoutColumns:
         """The rows selected by a boolean mask, an index array or a slice, in that order."""
         cols = {name: arr[index] for name, arr in self._cols.items()}
         n = len(next(iter(cols.values())))
-        return LayoutColumns(cols, n=n)
+        out = LayoutColumns(cols, n=n)
+        if self._source is not None:
+            out._source = [self._source[i] for i in np.arange(self._n)[index].tolist()]
+        return out
 
     def layout(self, i: int) -> Layout:
         """Row i as a `Layout` (its field checks run here; the layout itself for a batch made by ``from_layouts``)."""
         if self._source is not None:
             return self._source[i]
         return Layout(**{name: _decode(name, arr[i]) for name, arr in self._cols.items()})
+
+    def source(self) -> tuple[Layout, ...] | None:
+        """The layouts the batch was made of (``from_layouts``, and ``take`` of such a batch), else None."""
+        return None if self._source is None else tuple(self._source)
 
     def layouts(self) -> list[Layout]:
         """Every row as a `Layout`, in order."""

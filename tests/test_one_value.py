@@ -12,7 +12,7 @@ from attune.api.estimate import estimate_target
 from attune.api.target import batch_for_cluster, resolve_target
 from attune.api.tune import tune_config
 from attune.cli import main
-from attune.estimator import estimate, estimate_batch, memory, reuse
+from attune.estimator import estimate, estimate_batch, forget, memory, reuse
 from attune.estimator.coefficients import coefficients_for
 from attune.search.scoring import score_space
 from attune.search.space import SearchSpace, layout_key, load_space
@@ -90,7 +90,8 @@ def test_shared_terms_equal_fresh_estimates(h200x8, slime):
     pick = set(rng.choice(len(pairs), 100, replace=False).tolist())
     warm = {i: estimate(m, h200x8, lay, wl, slime, check_layout=False) for i, (_, lay) in enumerate(pairs)}
     for i in sorted(pick):
-        reuse.clear()
+        forget()  # the kept estimates, batches and placements
+        reuse.clear()  # the scalar fallback's shared terms (MoE rows)
         memory._OVERHEADS.clear()
         fresh = estimate(m, h200x8, pairs[i][1], wl, slime, check_layout=False)
         assert asdict(fresh.memory) == asdict(warm[i].memory), pairs[i][1].label()

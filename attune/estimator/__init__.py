@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from attune.errors import LayoutError
-from attune.estimator.batch import BatchEstimate, estimate_batch
+from attune.estimator.batch import BatchEstimate, estimate_batch, forget_placements
 from attune.estimator.terms import MemoryTerms, PerfTerms, row_terms
 from attune.spec.columns import LayoutColumns
 from attune.spec.engine import Engine
@@ -122,6 +122,14 @@ ESTIMATES_KEPT = 4096
 """Estimates ``estimate`` keeps, oldest out first: the tuner, the report and the recalibration ask again for the
 layouts they already asked for (each is a few dozen records; the search's table does not come through here)."""
 _ESTIMATES: dict[tuple, Estimate] = {}
+def forget() -> None:
+    """Drop what ``estimate`` and ``estimate_batch`` keep between calls (estimates, batches, placements): a test that
+    checks kept results against fresh ones calls this first."""
+    _ESTIMATES.clear()
+    _COLUMNS.clear()
+    forget_placements()
+
+
 _COLUMNS: dict[Layout | tuple[Layout, ...], LayoutColumns] = {}
 """Each layout's batch of one, each list's batch (the calibration fit asks for the same layouts again with other
 coefficients)."""

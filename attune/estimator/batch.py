@@ -4,7 +4,8 @@
 `LayoutColumns` batch at once with numpy: the placement as ``[rows, stages, chunks]`` arrays (``batch_place``), the
 per-layer costs and times once per distinct shape (``batch_tables``, by the scalar functions), the per-stage step-time
 parts (``batch_time``) and memory terms (``batch_memory``), accumulated in the scalar path's order so that every term
-equals ``estimate()``'s (tests/test_batch_engine.py, benchmarks/estimate_equivalence.py). Rows are computed in groups
+equals the scalar composition's before ``estimate()`` became a batch of one (tests/test_batch_engine.py's frozen
+reference, benchmarks/estimate_equivalence.py against bb2a96d). Rows are computed in groups
 of one (PP, VPP, full-recompute method), so no group carries padding; the per-stage records a caller reads are
 ``[rows, stages]`` arrays padded to the batch's largest PP, with the mask ``BatchEstimate.stage``. Coefficients are
 chosen as ``estimate()`` chooses them: ``coefficients_for`` the cluster's GPU when ``coef`` is None. No layout rule
@@ -244,6 +245,13 @@ def _placement(model: ModelSpec, cols: LayoutColumns, workload: Workload, engine
 
 
 _PLACEMENTS: dict[tuple, tuple] = {}
+
+
+def forget_placements() -> None:
+    """Drop the kept placements (``attune.estimator.forget``)."""
+    _PLACEMENTS.clear()
+
+
 PLACEMENTS_KEPT_ROWS = 256
 """Batches up to this many layouts keep their placement (a search's table does not come through here)."""
 

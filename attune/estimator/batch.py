@@ -19,6 +19,7 @@ multi-token prediction: their physics is being changed elsewhere and stays in on
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from functools import cached_property
 
@@ -70,6 +71,71 @@ class StagePiece:
     memory: BatchStageMemory
     layers: np.ndarray
     """[rows, stages] decoder layers of each stage."""
+
+    def values(self, name: str) -> np.ndarray:
+        """[rows, stages] one per-stage term by name: a ``BatchStageTime`` or ``BatchStageMemory`` field, or a named
+        overhead (0 where the rows have none)."""
+        if name in _TIME_NAMES:
+            return getattr(self.time, name)
+        if name in _MEMORY_NAMES:
+            return getattr(self.memory, name)
+        return self.memory.overheads.get(name, np.zeros_like(self.memory.params))
+
+    def renumber(self, rows: np.ndarray) -> "StagePiece":
+        """The same records for other row numbers (a batch merged from pieces)."""
+        return replace(self, rows=rows)
+
+
+class ScalarPiece:
+    """The per-stage records of rows the scalar composition estimated (``scalar_rows``), built from its results
+    only when read: a search reads one term (``total_gib``), not every record of thousands of rows."""
+
+    def __init__(self, rows: np.ndarray, mems: list[MemoryEstimate], perfs: list[PerfEstimate | None]) -> None:
+        self.rows, self._mems, self._perfs = rows, mems, perfs
+
+    def renumber(self, rows: np.ndarray) -> "ScalarPiece":
+        return ScalarPiece(rows, self._mems, self._perfs)
+
+    def _per_stage(self, read, dtype=np.float64, fill=0.0) -> np.ndarray:
+        out = np.full((len(self._mems), self.stage.shape[1]), fill, dtype=dtype)
+        for i, m in enumerate(self._mems):
+            got = read(i, m)
+            out[i, :len(got)] = got
+        return out
+
+    @cached_property
+    def stage(self) -> np.ndarray:
+        S = max(len(m.stages) for m in self._mems)
+        return np.array([[s < len(m.stages) for s in range(S)] for m in self._mems], dtype=bool).reshape(-1, S)
+
+    @cached_property
+    def layers(self) -> np.ndarray:
+        return self._per_stage(lambda i, m: [s.layers for s in m.stages])
+
+    def values(self, name: str) -> np.ndarray:
+        if name in _TIME_NAMES:
+            def read(i, m):
+                p = self._perfs[i]
+                if p is None:  # memory first (``perf_below_gib``): no seconds
+                    return [math.nan] * len(m.stages)
+                return [s.parts[name] if name in s.parts else getattr(s, name) for s in p.stages]
+        elif name in _MEMORY_NAMES:
+            def read(i, m):
+                return [getattr(s, name) for s in m.stages]
+        else:
+            def read(i, m):
+                return [s.overheads.get(name, 0.0) for s in m.stages]
+        return self._per_stage(read)
+
+    @cached_property
+    def time(self) -> BatchStageTime:
+        return BatchStageTime(**{n: self.values(n) for n in _TIME_FIELDS})
+
+    @cached_property
+    def memory(self) -> BatchStageMemory:
+        names = list(dict.fromkeys(k for m in self._mems for s in m.stages for k in s.overheads))
+        return BatchStageMemory(**{n: self.values(n) for n in _MEMORY_FIELDS}, overheads={k: self.values(k)
+                                                                                          for k in names})
 
 
 class BatchEstimate:
@@ -142,13 +208,7 @@ class BatchEstimate:
         if "time" in self.__dict__ or "memory" in self.__dict__:
             rec = self.time if name in _TIME_NAMES else self.memory
             return getattr(rec, name) if hasattr(rec, name) else rec.overheads[name]
-        if name in _TIME_NAMES:
-            parts = [getattr(p.time, name) for p in self.pieces]
-        elif name in _MEMORY_NAMES:
-            parts = [getattr(p.memory, name) for p in self.pieces]
-        else:
-            parts = [p.memory.overheads.get(name, np.zeros_like(p.memory.params)) for p in self.pieces]
-        return _merge_array(self._order, self._stages, parts)
+        return _merge_array(self._order, self._stages, [p.values(name) for p in self.pieces])
 
     def piece_of(self, i: int) -> tuple[StagePiece, int]:
         """(the per-stage piece holding row i, the row's index in it): one row's records without assembling the
@@ -282,47 +342,35 @@ def _finish(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: W
         pieces=[StagePiece(np.arange(len(peak)), stage, st, mem, layers)])
 
 
-def _one_row(mem: MemoryEstimate, perf: PerfEstimate | None) -> BatchEstimate:
-    """A batch of one from the scalar composition's result (the rows ``scalar_rows`` selects); without ``perf``
-    (``estimate_batch``'s ``perf_below_gib``) every second and the throughput read NaN."""
-    row = lambda xs: np.array([xs], dtype=np.float64)  # noqa: E731
-    ms = mem.stages
-    if perf is None:
-        nan = np.full((1, len(ms)), np.nan)
-        time = BatchStageTime(**{f.name: nan for f in fields(BatchStageTime)})
-        one = np.full(1, np.nan)
-        return BatchEstimate(
-            step=BatchStep(one, one, one, one, one, one, np.zeros(1, np.int64), np.array([mem.batch.microbatches])),
-            tokens_per_s_per_gpu=one, mfu=one, usd_per_million_tokens=one, **_memory_row(mem, row), pieces=[
-                StagePiece(np.zeros(1, np.int64), np.ones((1, len(ms)), dtype=bool), time, _memory_record(mem, row),
-                           row([s.layers for s in ms]))])
-    ps = perf.stages
-    time = BatchStageTime(**_columns([[s.parts[n] if n in s.parts else getattr(s, n) for n in _TIME_FIELDS]
-                                      for s in ps], _TIME_FIELDS))
-    memory = _memory_record(mem, row)
-    b = perf.breakdown
-    step = BatchStep(row(perf.pipeline_s), row(perf.bubble_s), row(perf.dp_comm_s), row(perf.optimizer_s),
-                     row(perf.overhead_s), row(perf.step_time_s), np.array([b.critical_stage]),
-                     np.array([mem.batch.microbatches]))
+def _scalar_estimate(mems: list[MemoryEstimate], perfs: list[PerfEstimate | None]) -> BatchEstimate:
+    """The rows ``scalar_rows`` selects, from the scalar composition's results (rows 0..n-1): the per-row figures
+    now, the per-stage records when read (``ScalarPiece``); without a row's performance (``estimate_batch``'s
+    ``perf_below_gib``) its seconds and throughput read NaN."""
+    n = len(mems)
+    nan = math.nan
+    peak, alloc, reserved, stage_of, fits = [], [], [], [], []
+    for m in mems:
+        totals = [s.total_gib for s in m.stages]
+        top = max(totals)
+        peak.append(top)
+        stage_of.append(m.stages[totals.index(top)].stage)
+        alloc.append(max(s.allocated_gib for s in m.stages))
+        reserved.append(max(s.reserved_gib for s in m.stages))
+        fits.append(top <= m.capacity_gib and m.host_fits)
+    step = [(nan,) * 7 + (0,) if p is None else
+            (p.pipeline_s, p.bubble_s, p.dp_comm_s, p.optimizer_s, p.overhead_s, p.step_time_s,
+             p.tokens_per_s_per_gpu, p.breakdown.critical_stage) for p in perfs]
+    cols = np.array([x[:7] for x in step], dtype=np.float64).reshape(n, 7).T
+    other = [(nan, nan) if p is None else (p.mfu, p.usd_per_million_tokens) for p in perfs]
+    mfu, usd = np.array(other, dtype=np.float64).reshape(n, 2).T
     return BatchEstimate(
-        step=step, tokens_per_s_per_gpu=row(perf.tokens_per_s_per_gpu), mfu=row(perf.mfu),
-        usd_per_million_tokens=row(perf.usd_per_million_tokens), **_memory_row(mem, row),
-        pieces=[StagePiece(np.zeros(1, np.int64), np.ones((1, len(ms)), dtype=bool), time, memory,
-                           row([s.layers for s in ms]))])
-
-
-def _memory_record(mem: MemoryEstimate, row) -> BatchStageMemory:
-    """The scalar composition's per-stage memory as a record of [1, stages] arrays."""
-    ms = mem.stages
-    names = list(dict.fromkeys(k for s in ms for k in s.overheads))
-    return BatchStageMemory(**_columns([[getattr(s, n) for n in _MEMORY_FIELDS] for s in ms], _MEMORY_FIELDS),
-                            overheads=_columns([[s.overheads.get(k, 0.0) for k in names] for s in ms], names))
-
-
-def _columns(per_stage: list[list[float]], names) -> dict[str, np.ndarray]:
-    """Per-stage rows of values, one per name, as [1, stages] arrays by name (one array built, then views)."""
-    a = np.array(per_stage, dtype=np.float64).reshape(len(per_stage), len(names)).T.copy()
-    return {n: a[i:i + 1] for i, n in enumerate(names)}
+        step=BatchStep(*cols[:6], np.array([x[7] for x in step], dtype=np.int64),
+                       np.array([m.batch.microbatches for m in mems])),
+        tokens_per_s_per_gpu=cols[6], mfu=mfu, usd_per_million_tokens=usd, peak_gib=np.array(peak),
+        peak_allocated_gib=np.array(alloc), peak_reserved_gib=np.array(reserved), peak_stage=np.array(stage_of),
+        host_needed_gib=np.array([m.host_needed_gib for m in mems]), host_capacity_gib=mems[0].host_capacity_gib,
+        capacity_gib=mems[0].capacity_gib, fits=np.array(fits, dtype=bool), scalar_rows=np.ones(n, dtype=bool),
+        pieces=[ScalarPiece(np.arange(n), mems, perfs)])
 
 
 _TIME_FIELDS = tuple(f.name for f in fields(BatchStageTime))
@@ -377,7 +425,7 @@ def _merge(pieces: list[tuple[np.ndarray, BatchEstimate]]) -> BatchEstimate:
     order = np.concatenate([i for i, _ in pieces])
     ests = [b for _, b in pieces]
     row = {k: _merge_array(order, 1, [getattr(b, k) for b in ests]) for k in ROW_FIELDS}
-    stage_pieces = [StagePiece(i[p.rows], p.stage, p.time, p.memory, p.layers) for i, b in pieces for p in b.pieces]
+    stage_pieces = [p.renumber(i[p.rows]) for i, b in pieces for p in b.pieces]
     return BatchEstimate(step=_merge_record(BatchStep, order, 1, [b.step for b in ests]),
                          host_capacity_gib=ests[0].host_capacity_gib, capacity_gib=ests[0].capacity_gib,
                          pieces=stage_pieces, **row)
@@ -416,10 +464,11 @@ def estimate_batch(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, work
             return est
         pieces.append((np.flatnonzero(~scalar), est))
     idx = np.flatnonzero(scalar)
-    lays = [cols.layout(0)] if len(cols) == 1 else (_layouts(cols.take(idx)) if idx.size else ())
-    for i, lay in zip(idx, lays):
-        mem, perf = estimate_parts(model, cluster, lay, workload, engine, coef, perf_below_gib)
-        pieces.append((np.array([i]), _one_row(mem, perf)))
+    if idx.size:
+        lays = [cols.layout(0)] if len(cols) == 1 else _layouts(cols.take(idx))
+        mems, perfs = zip(*(estimate_parts(model, cluster, lay, workload, engine, coef, perf_below_gib)
+                            for lay in lays))
+        pieces.append((idx, _scalar_estimate(list(mems), list(perfs))))
     if not pieces:
         raise LayoutError("estimate_batch: an empty batch (give at least one layout)")
     return pieces[0][1] if len(cols) == 1 else _merge(pieces)

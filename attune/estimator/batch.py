@@ -208,6 +208,8 @@ class BatchEstimate:
         if "time" in self.__dict__ or "memory" in self.__dict__:
             rec = self.time if name in _TIME_NAMES else self.memory
             return getattr(rec, name) if hasattr(rec, name) else rec.overheads[name]
+        if len(self.pieces) == 1 and np.array_equal(self.pieces[0].rows, np.arange(len(self))):
+            return self.pieces[0].values(name)  # one piece in row order: its own array (read, not written)
         return _merge_array(self._order, self._stages, [p.values(name) for p in self.pieces])
 
     def piece_of(self, i: int) -> tuple[StagePiece, int]:

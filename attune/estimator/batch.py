@@ -379,14 +379,6 @@ _TIME_FIELDS = tuple(f.name for f in fields(BatchStageTime))
 _MEMORY_FIELDS = tuple(f.name for f in fields(BatchStageMemory) if f.name != "overheads")
 
 
-def _memory_row(mem: MemoryEstimate, row) -> dict:
-    """The scalar composition's per-row memory figures as BatchEstimate's [1] arrays."""
-    return dict(peak_gib=row(mem.peak_gib), peak_allocated_gib=row(mem.peak_allocated_gib),
-                peak_reserved_gib=row(mem.peak_reserved_gib), peak_stage=np.array([mem.peak_stage]),
-                host_needed_gib=row(mem.host_needed_gib), host_capacity_gib=mem.host_capacity_gib,
-                capacity_gib=mem.capacity_gib, fits=np.array([mem.fits]), scalar_rows=np.array([True]))
-
-
 def _merge_array(order: np.ndarray, S: int, pieces: list[np.ndarray]) -> np.ndarray:
     """One [n] or [n, S] array from pieces holding the rows ``order`` lists, in that order (stages past a piece's own
     are 0 / False): the pieces are stacked, then put back in row order with one gather."""

@@ -4,7 +4,8 @@
 `LayoutColumns` batch at once with numpy: the placement as ``[rows, stages, chunks]`` arrays (``batch_place``), the
 per-layer costs and times once per distinct shape (``batch_tables``, by the scalar functions), the per-stage step-time
 parts (``batch_time``) and memory terms (``batch_memory``), accumulated in the scalar path's order so that every term
-equals ``estimate()``'s (tests/test_batch_engine.py, benchmarks/estimate_equivalence.py). Rows are computed in groups
+equals the scalar composition's before ``estimate()`` became a batch of one (tests/test_batch_engine.py's frozen
+reference, benchmarks/estimate_equivalence.py against bb2a96d). Rows are computed in groups
 of one (PP, VPP, full-recompute method), so no group carries padding; the per-stage records a caller reads are
 ``[rows, stages]`` arrays padded to the batch's largest PP, with the mask ``BatchEstimate.stage``. Coefficients are
 chosen as ``estimate()`` chooses them: ``coefficients_for`` the cluster's GPU when ``coef`` is None. No layout rule
@@ -19,6 +20,7 @@ included) and multi-token prediction (``batch_mtp``, MoE-kind MTP layers include
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from functools import cached_property
 
@@ -54,10 +56,10 @@ from attune.estimator.compose import estimate_parts
 from attune.estimator.memory import MemoryEstimate
 from attune.estimator.metrics import model_flops_utilization
 from attune.estimator.performance import PerfEstimate
-from attune.spec.columns import LayoutColumns
+from attune.spec.columns import KINDS, NONE_INT, LayoutColumns
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster, GiB
-from attune.spec.layout import Workload
+from attune.spec.layout import Layout, Workload
 from attune.spec.model import ModelSpec
 
 from .coefficients import Coefficients, coefficients_for
@@ -72,6 +74,73 @@ class StagePiece:
     stage: np.ndarray
     time: BatchStageTime
     memory: BatchStageMemory
+    layers: np.ndarray
+    """[rows, stages] decoder layers of each stage."""
+
+    def values(self, name: str) -> np.ndarray:
+        """[rows, stages] one per-stage term by name: a ``BatchStageTime`` or ``BatchStageMemory`` field, or a named
+        overhead (0 where the rows have none)."""
+        if name in _TIME_NAMES:
+            return getattr(self.time, name)
+        if name in _MEMORY_NAMES:
+            return getattr(self.memory, name)
+        return self.memory.overheads.get(name, np.zeros_like(self.memory.params))
+
+    def renumber(self, rows: np.ndarray) -> "StagePiece":
+        """The same records for other row numbers (a batch merged from pieces)."""
+        return replace(self, rows=rows)
+
+
+class ScalarPiece:
+    """The per-stage records of rows the scalar composition estimated (``scalar_rows``), built from its results
+    only when read: a search reads one term (``total_gib``), not every record of thousands of rows."""
+
+    def __init__(self, rows: np.ndarray, mems: list[MemoryEstimate], perfs: list[PerfEstimate | None]) -> None:
+        self.rows, self._mems, self._perfs = rows, mems, perfs
+
+    def renumber(self, rows: np.ndarray) -> "ScalarPiece":
+        return ScalarPiece(rows, self._mems, self._perfs)
+
+    def _per_stage(self, read, dtype=np.float64, fill=0.0) -> np.ndarray:
+        out = np.full((len(self._mems), self.stage.shape[1]), fill, dtype=dtype)
+        for i, m in enumerate(self._mems):
+            got = read(i, m)
+            out[i, :len(got)] = got
+        return out
+
+    @cached_property
+    def stage(self) -> np.ndarray:
+        S = max(len(m.stages) for m in self._mems)
+        return np.array([[s < len(m.stages) for s in range(S)] for m in self._mems], dtype=bool).reshape(-1, S)
+
+    @cached_property
+    def layers(self) -> np.ndarray:
+        return self._per_stage(lambda i, m: [s.layers for s in m.stages])
+
+    def values(self, name: str) -> np.ndarray:
+        if name in _TIME_NAMES:
+            def read(i, m):
+                p = self._perfs[i]
+                if p is None:  # memory first (``perf_below_gib``): no seconds
+                    return [math.nan] * len(m.stages)
+                return [s.parts[name] if name in s.parts else getattr(s, name) for s in p.stages]
+        elif name in _MEMORY_NAMES:
+            def read(i, m):
+                return [getattr(s, name) for s in m.stages]
+        else:
+            def read(i, m):
+                return [s.overheads.get(name, 0.0) for s in m.stages]
+        return self._per_stage(read)
+
+    @cached_property
+    def time(self) -> BatchStageTime:
+        return BatchStageTime(**{n: self.values(n) for n in _TIME_FIELDS})
+
+    @cached_property
+    def memory(self) -> BatchStageMemory:
+        names = list(dict.fromkeys(k for m in self._mems for s in m.stages for k in s.overheads))
+        return BatchStageMemory(**{n: self.values(n) for n in _MEMORY_FIELDS}, overheads={k: self.values(k)
+                                                                                          for k in names})
 
 
 class BatchEstimate:
@@ -144,13 +213,18 @@ class BatchEstimate:
         if "time" in self.__dict__ or "memory" in self.__dict__:
             rec = self.time if name in _TIME_NAMES else self.memory
             return getattr(rec, name) if hasattr(rec, name) else rec.overheads[name]
-        if name in _TIME_NAMES:
-            parts = [getattr(p.time, name) for p in self.pieces]
-        elif name in _MEMORY_NAMES:
-            parts = [getattr(p.memory, name) for p in self.pieces]
-        else:
-            parts = [p.memory.overheads.get(name, np.zeros_like(p.memory.params)) for p in self.pieces]
-        return _merge_array(self._order, self._stages, parts)
+        if len(self.pieces) == 1 and np.array_equal(self.pieces[0].rows, np.arange(len(self))):
+            return self.pieces[0].values(name)  # one piece in row order: its own array (read, not written)
+        return _merge_array(self._order, self._stages, [p.values(name) for p in self.pieces])
+
+    def piece_of(self, i: int) -> tuple[StagePiece, int]:
+        """(the per-stage piece holding row i, the row's index in it): one row's records without assembling the
+        batch's (``terms.row_terms``)."""
+        for p in self.pieces:
+            at = np.flatnonzero(p.rows == i)
+            if at.size:
+                return p, int(at[0])
+        raise IndexError(f"row {i} of a batch of {len(self)}")
 
     @property
     def _order(self) -> np.ndarray:
@@ -162,24 +236,7 @@ class BatchEstimate:
 
 
 STEP_FIELDS = ("pipeline_s", "bubble_s", "dp_comm_s", "optimizer_s", "overhead_s", "step_time_s")
-"""The seconds of ``BatchStep`` that ``PerfEstimate`` has under the same names."""
-
-
-def estimate_terms(mem: MemoryEstimate, perf: PerfEstimate) -> dict[str, float]:
-    """Every term of a scalar estimate (``estimate_parts``) by the names ``BatchEstimate.terms`` gives a row's."""
-    out = {k: float(getattr(perf, k)) for k in STEP_FIELDS}
-    out.update(tokens_per_s_per_gpu=perf.tokens_per_s_per_gpu, mfu=perf.mfu,
-               usd_per_million_tokens=perf.usd_per_million_tokens, peak_gib=mem.peak_gib,
-               peak_allocated_gib=mem.peak_allocated_gib, peak_reserved_gib=mem.peak_reserved_gib,
-               peak_stage=float(mem.peak_stage), host_needed_gib=mem.host_needed_gib, fits=float(mem.fits),
-               critical_stage=float(perf.breakdown.critical_stage), microbatches=float(mem.batch.microbatches))
-    for s, (ts, ms) in enumerate(zip(perf.stages, mem.stages)):
-        out.update({f"{f.name}[{s}]": float(ts.parts[f.name] if f.name in ts.parts else getattr(ts, f.name))
-                    for f in fields(BatchStageTime)})
-        out.update({f"{f.name}[{s}]": float(getattr(ms, f.name)) for f in fields(BatchStageMemory)
-                    if f.name != "overheads"})
-        out.update({f"overhead.{k}[{s}]": float(v) for k, v in ms.overheads.items()})
-    return out
+"""The seconds of ``BatchStep`` that ``terms.PerfTerms`` has under the same names."""
 
 
 _TIME_NAMES = frozenset(f.name for f in fields(BatchStageTime))
@@ -223,7 +280,7 @@ def _group_estimate(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, wor
                     coef: Coefficients, kt: KindTables, kn: KnobTables, ot: OverheadTables,
                     pp_send: np.ndarray) -> BatchEstimate:
     """Rows of one (PP, VPP, recompute method): placement, per-stage times and memory, the step and the verdict."""
-    pl = place_batch(model, cols, workload, engine)
+    pl = _placement(model, cols, workload, engine)
     pcoef = replace(coef, gemm_half_dim=coef.cpu_gemm_half_dim) if cluster.gpu.is_cpu else coef
     mr = batch_moe.moe_rows(model, cols, pl, kt, TIME_KEYS, engine, pcoef)
     st = stage_times(model, cluster, cols, pl, kt, kn, pp_send, mr)
@@ -243,11 +300,40 @@ def _group_estimate(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, wor
     step_s = pipe + dp_s + opt + overhead
     mem = stage_memory(model, cluster, cols, engine, coef, pl, kt, kn, ot, params)
     step = BatchStep(pipe, bubble, dp_s, opt, overhead, step_s, crit, pl.microbatches)
-    return _finish(model, cluster, cols, workload, pl.stage, st, step, mem, np.zeros(len(cols), dtype=bool))
+    return _finish(model, cluster, cols, workload, pl.stage, st, step, mem, np.zeros(len(cols), dtype=bool),
+                   pl.layers.sum(axis=2))
+
+
+def _placement(model: ModelSpec, cols: LayoutColumns, workload: Workload, engine: Engine):
+    """``place_batch``, kept for small batches made of layouts (``estimate``, the calibration fit, the recalibration:
+    they ask for the same layouts again with other coefficients; the placement reads none)."""
+    source = cols.source() if len(cols) <= PLACEMENTS_KEPT_ROWS else None
+    if source is None:
+        return place_batch(model, cols, workload, engine)
+    key = (id(model), id(engine), workload, source)
+    hit = _PLACEMENTS.get(key)
+    if hit is None or hit[0] is not model or hit[1] is not engine:  # held: an id reused after collection misses
+        if len(_PLACEMENTS) >= 4096:
+            _PLACEMENTS.clear()
+        hit = _PLACEMENTS[key] = (model, engine, place_batch(model, cols, workload, engine))
+    return hit[2]
+
+
+_PLACEMENTS: dict[tuple, tuple] = {}
+
+
+def forget_placements() -> None:
+    """Drop the kept placements (``attune.estimator.forget``)."""
+    _PLACEMENTS.clear()
+
+
+PLACEMENTS_KEPT_ROWS = 256
+"""Batches up to this many layouts keep their placement (a search's table does not come through here)."""
 
 
 def _finish(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: Workload, stage: np.ndarray,
-            st: BatchStageTime, step: BatchStep, mem: BatchStageMemory, scalar: np.ndarray) -> BatchEstimate:
+            st: BatchStageTime, step: BatchStep, mem: BatchStageMemory, scalar: np.ndarray,
+            layers: np.ndarray) -> BatchEstimate:
     """Throughput, MFU, cost, peaks and the verdict from the per-stage terms (``MemoryEstimate``'s properties)."""
     gpu = cluster.gpu
     world = cols["tp"] * cols["pp"] * cols["cp"] * cols["dp"]
@@ -268,31 +354,42 @@ def _finish(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: W
         peak_reserved_gib=np.where(stage, mem.reserved_gib, -np.inf).max(axis=1), peak_stage=np.argmax(total, axis=1),
         host_needed_gib=host_needed, host_capacity_gib=host_cap, capacity_gib=capacity,
         fits=(peak <= capacity) & (host_needed <= host_cap), scalar_rows=scalar,
-        pieces=[StagePiece(np.arange(len(peak)), stage, st, mem)])
+        pieces=[StagePiece(np.arange(len(peak)), stage, st, mem, layers)])
 
 
-def _one_row(mem: MemoryEstimate, perf: PerfEstimate) -> BatchEstimate:
-    """A batch of one from the scalar composition's result (the rows ``scalar_rows`` selects)."""
-    row = lambda xs: np.array([xs], dtype=np.float64)  # noqa: E731
-    ms, ps = mem.stages, perf.stages
-    time = BatchStageTime(**{f.name: row([s.parts[f.name] if f.name in s.parts else getattr(s, f.name) for s in ps])
-                             for f in fields(BatchStageTime)})
-    names = list(dict.fromkeys(k for s in ms for k in s.overheads))
-    memory = BatchStageMemory(
-        **{f.name: row([getattr(s, f.name) for s in ms]) for f in fields(BatchStageMemory) if f.name != "overheads"},
-        overheads={k: row([s.overheads.get(k, 0.0) for s in ms]) for k in names})
-    b = perf.breakdown
-    step = BatchStep(row(perf.pipeline_s), row(perf.bubble_s), row(perf.dp_comm_s), row(perf.optimizer_s),
-                     row(perf.overhead_s), row(perf.step_time_s), np.array([b.critical_stage]),
-                     np.array([mem.batch.microbatches]))
+def _scalar_estimate(mems: list[MemoryEstimate], perfs: list[PerfEstimate | None]) -> BatchEstimate:
+    """The rows ``scalar_rows`` selects, from the scalar composition's results (rows 0..n-1): the per-row figures
+    now, the per-stage records when read (``ScalarPiece``); without a row's performance (``estimate_batch``'s
+    ``perf_below_gib``) its seconds and throughput read NaN."""
+    n = len(mems)
+    nan = math.nan
+    peak, alloc, reserved, stage_of, fits = [], [], [], [], []
+    for m in mems:
+        totals = [s.total_gib for s in m.stages]
+        top = max(totals)
+        peak.append(top)
+        stage_of.append(m.stages[totals.index(top)].stage)
+        alloc.append(max(s.allocated_gib for s in m.stages))
+        reserved.append(max(s.reserved_gib for s in m.stages))
+        fits.append(top <= m.capacity_gib and m.host_fits)
+    step = [(nan,) * 7 + (0,) if p is None else
+            (p.pipeline_s, p.bubble_s, p.dp_comm_s, p.optimizer_s, p.overhead_s, p.step_time_s,
+             p.tokens_per_s_per_gpu, p.breakdown.critical_stage) for p in perfs]
+    cols = np.array([x[:7] for x in step], dtype=np.float64).reshape(n, 7).T
+    other = [(nan, nan) if p is None else (p.mfu, p.usd_per_million_tokens) for p in perfs]
+    mfu, usd = np.array(other, dtype=np.float64).reshape(n, 2).T
     return BatchEstimate(
-        step=step, tokens_per_s_per_gpu=row(perf.tokens_per_s_per_gpu), mfu=row(perf.mfu),
-        usd_per_million_tokens=row(perf.usd_per_million_tokens), peak_gib=row(mem.peak_gib),
-        peak_allocated_gib=row(mem.peak_allocated_gib), peak_reserved_gib=row(mem.peak_reserved_gib),
-        peak_stage=np.array([mem.peak_stage]), host_needed_gib=row(mem.host_needed_gib),
-        host_capacity_gib=mem.host_capacity_gib, capacity_gib=mem.capacity_gib, fits=np.array([mem.fits]),
-        scalar_rows=np.array([True]), pieces=[StagePiece(np.zeros(1, np.int64), np.ones((1, len(ms)), dtype=bool),
-                                                          time, memory)])
+        step=BatchStep(*cols[:6], np.array([x[7] for x in step], dtype=np.int64),
+                       np.array([m.batch.microbatches for m in mems])),
+        tokens_per_s_per_gpu=cols[6], mfu=mfu, usd_per_million_tokens=usd, peak_gib=np.array(peak),
+        peak_allocated_gib=np.array(alloc), peak_reserved_gib=np.array(reserved), peak_stage=np.array(stage_of),
+        host_needed_gib=np.array([m.host_needed_gib for m in mems]), host_capacity_gib=mems[0].host_capacity_gib,
+        capacity_gib=mems[0].capacity_gib, fits=np.array(fits, dtype=bool), scalar_rows=np.ones(n, dtype=bool),
+        pieces=[ScalarPiece(np.arange(n), mems, perfs)])
+
+
+_TIME_FIELDS = tuple(f.name for f in fields(BatchStageTime))
+_MEMORY_FIELDS = tuple(f.name for f in fields(BatchStageMemory) if f.name != "overheads")
 
 
 def _merge_array(order: np.ndarray, S: int, pieces: list[np.ndarray]) -> np.ndarray:
@@ -335,17 +432,35 @@ def _merge(pieces: list[tuple[np.ndarray, BatchEstimate]]) -> BatchEstimate:
     order = np.concatenate([i for i, _ in pieces])
     ests = [b for _, b in pieces]
     row = {k: _merge_array(order, 1, [getattr(b, k) for b in ests]) for k in ROW_FIELDS}
-    stage_pieces = [StagePiece(i[p.rows], p.stage, p.time, p.memory) for i, b in pieces for p in b.pieces]
+    stage_pieces = [p.renumber(i[p.rows]) for i, b in pieces for p in b.pieces]
     return BatchEstimate(step=_merge_record(BatchStep, order, 1, [b.step for b in ests]),
                          host_capacity_gib=ests[0].host_capacity_gib, capacity_gib=ests[0].capacity_gib,
                          pieces=stage_pieces, **row)
 
 
+def _layouts(cols: LayoutColumns):
+    """Every row as a `Layout`, in order (`LayoutColumns.layout` per row, with the columns turned into Python
+    values once instead of one numpy scalar at a time)."""
+    names = list(cols.columns())
+    values = []
+    for name in names:
+        col = cols[name].tolist()
+        if KINDS[name] == "opt_int":
+            col = [None if v == NONE_INT else v for v in col]
+        elif KINDS[name] == "opt_float":
+            col = [None if v != v else v for v in col]  # NaN
+        values.append(col)
+    for row in zip(*values):
+        yield Layout(**dict(zip(names, row)))
+
+
 def estimate_batch(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: Workload, engine: Engine,
-                   coef: Coefficients | None = None) -> BatchEstimate:
+                   coef: Coefficients | None = None, perf_below_gib: float | None = None) -> BatchEstimate:
     """Memory and performance of every row of ``cols`` (no layout rule checked). Without ``coef``, the fitted set of
     the cluster's GPU generation (``coefficients_for``), as ``estimate`` does. Rows ``scalar_rows`` selects go
-    through the scalar composition (``estimate_parts``), the others through the array engine."""
+    through the scalar composition (``estimate_parts``), the others through the array engine. ``perf_below_gib``
+    (the search's memory-first scoring): a scalar row whose peak exceeds it or whose host memory does not fit gets
+    no performance (NaN seconds and throughput); array rows always have theirs."""
     coef = coef if coef is not None else coefficients_for(cluster.gpu)
     scalar = scalar_rows(model, cluster, cols, engine)
     pieces: list[tuple[np.ndarray, BatchEstimate]] = []
@@ -355,9 +470,12 @@ def estimate_batch(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, work
         if not scalar.any():
             return est
         pieces.append((np.flatnonzero(~scalar), est))
-    for i in np.flatnonzero(scalar):
-        mem, perf = estimate_parts(model, cluster, cols.layout(int(i)), workload, engine, coef)
-        pieces.append((np.array([i]), _one_row(mem, perf)))
+    idx = np.flatnonzero(scalar)
+    if idx.size:
+        lays = [cols.layout(0)] if len(cols) == 1 else _layouts(cols.take(idx))
+        mems, perfs = zip(*(estimate_parts(model, cluster, lay, workload, engine, coef, perf_below_gib)
+                            for lay in lays))
+        pieces.append((idx, _scalar_estimate(list(mems), list(perfs))))
     if not pieces:
         raise LayoutError("estimate_batch: an empty batch (give at least one layout)")
-    return _merge(pieces)
+    return pieces[0][1] if len(cols) == 1 else _merge(pieces)

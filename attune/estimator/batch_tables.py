@@ -47,6 +47,8 @@ def object_ids(col: np.ndarray) -> np.ndarray:
 
 def group_ids(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(group per row, first row of each group) for rows equal on every column (int / bool arrays)."""
+    if len(cols[0]) == 1:  # a batch of one (``estimate``): one group
+        return np.zeros(1, np.int64), np.zeros(1, np.int64)
     code = np.zeros(len(cols[0]), dtype=np.int64)
     for c in cols:
         c = c.astype(np.int64)

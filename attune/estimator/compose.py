@@ -1,7 +1,7 @@
-"""The one composition of an estimate: the placement derived once and handed to the memory and performance models.
-
-``estimate`` (attune.estimator) checks the layout and calls it; ``estimate_batch`` (attune.estimator.batch) calls it
-for the rows its array engine does not cover.
+"""The scalar composition, kept only for the rows the array engine does not cover yet: ``estimate_batch``
+(attune.estimator.batch) calls it for the rows ``batch.scalar_rows`` selects (MoE, low precision, MTP), nothing else
+does. When ``scalar_rows`` selects none, this module goes, with ``memory.estimate_memory`` / ``_stage_bytes``,
+``performance.estimate_performance`` / ``_pipeline`` / ``_mtp_parts`` and ``reuse``.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from attune.spec.layout import Layout, Workload
 from attune.spec.model import FULL, LINEAR, ModelSpec, is_dense_kind
 from attune.spec.placement import Batching, Placement, mtp_kind, stage_params
 
-from .coefficients import Coefficients, coefficients_for
+from .coefficients import Coefficients
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 """Bytes per element of the optimizer-state dtypes (``--exp-avg-dtype`` / ``--exp-avg-sq-dtype``)."""
@@ -427,10 +427,9 @@ def _stage_bytes(model: ModelSpec, cluster: Cluster, layout: Layout, workload: W
 
 
 def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workload, engine: Engine,
-                    coef: Coefficients | None = None, placement: Placement | None = None) -> MemoryEstimate:
-    """Each pipeline stage's peak memory; ``placement`` is derived here when the caller has none. Without
-    ``coef``, the fitted set of the cluster's GPU generation (``coefficients_for``), as ``estimate`` does."""
-    coef = coef if coef is not None else coefficients_for(cluster.gpu)
+                    coef: Coefficients, placement: Placement | None = None) -> MemoryEstimate:
+    """Each pipeline stage's peak memory (the scalar composition: ``estimate_batch``'s rows that ``scalar_rows``
+    sends here); ``placement`` is derived here when the caller has none. ``coef`` as ``estimate_batch`` chose it."""
     pl = placement or shared_placement(model, layout, workload, engine)
     b = pl.batch
     shape = Shape(layout.tp, layout.sp, layout.cp, b.tokens_per_gpu, workload.seq_length)

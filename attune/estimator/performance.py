@@ -28,7 +28,7 @@ from attune.spec.layout import Layout, Workload
 from attune.spec.model import FULL, LINEAR, ModelSpec, is_dense_kind
 from attune.spec.placement import Placement, StagePlacement, mtp_kind, stage_params
 
-from .coefficients import Coefficients, coefficients_for, peak_ratio
+from .coefficients import Coefficients, peak_ratio
 
 # megatron-core DistributedDataParallelConfig.bucket_size default: max(40,000,000, 1,000,000 x DP) parameters
 DDP_BUCKET_MIN_PARAMS = 40_000_000
@@ -344,11 +344,10 @@ def _pipeline(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Work
 
 
 def estimate_performance(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workload, engine: Engine,
-                         coef: Coefficients | None = None, placement: Placement | None = None) -> PerfEstimate:
-    """Step time, throughput, MFU and cost; ``placement`` is derived here when the caller has none. Without
-    ``coef``, the fitted set of the cluster's GPU generation (``coefficients_for``), as ``estimate`` does."""
+                         coef: Coefficients, placement: Placement | None = None) -> PerfEstimate:
+    """Step time, throughput, MFU and cost (the scalar composition: ``estimate_batch``'s rows that ``scalar_rows``
+    sends here); ``placement`` is derived here when the caller has none. ``coef`` as ``estimate_batch`` chose it."""
     gpu = cluster.gpu
-    coef = coef if coef is not None else coefficients_for(gpu)
     if gpu.is_cpu:  # CPU BLAS reaches its peak at far smaller GEMMs than GPU tiles do
         coef = replace(coef, gemm_half_dim=coef.cpu_gemm_half_dim)
     hbm = gpu.hbm_gbps * 1e9

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from attune.estimator import estimate_batch, estimate_parts
+from attune.estimator import estimate_batch
 from attune.estimator.batch import scalar_rows
 from attune.estimator.coefficients import Coefficients
 from attune.search.enumeration import EnumeratedSpace, enumerate_columns
 from attune.search.space import SearchSpace
-from attune.spec.columns import KINDS, NONE_INT, LayoutColumns
+from attune.spec.columns import LayoutColumns
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
 from attune.spec.identity import IDENTITY_ITEMS
@@ -203,19 +203,18 @@ def _estimate_columns(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, w
                       coef: Coefficients) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The table's predictions for a batch of layouts: (tokens/s/GPU, step time s, stage peaks GiB (rows x largest
     PP, NaN past the last stage), peak GiB, host fits). Tokens and step time are NaN for a layout more than
-    MEMORY_SCORING_MARGIN over capacity or whose host memory does not fit. The rows the array engine covers are
-    estimated at once (`estimate_batch`); the others (`scalar_rows`: none now) row by
-    row with the same composition, memory first (no throughput for a layout far over memory)."""
+    MEMORY_SCORING_MARGIN over capacity or whose host memory does not fit (`estimate_batch`'s ``perf_below_gib``:
+    memory first, so the rows it estimates one by one get no throughput far over memory)."""
     n = len(cols)
     limit = cluster.gpu.capacity_gib * (1.0 + MEMORY_SCORING_MARGIN)
     width = int(cols["pp"].max()) if n else 1
     tokens, step = np.full(n, np.nan), np.full(n, np.nan)
     stages, peak, host = np.full((n, width), np.nan), np.zeros(n), np.zeros(n, dtype=bool)
-    scalar = scalar_rows(model, cluster, cols, engine)
-    rows = np.flatnonzero(~scalar)
+    rows = np.arange(n)
     for a in range(0, rows.size, BATCH_ROWS):
         part = rows[a:a + BATCH_ROWS]
-        b = estimate_batch(model, cluster, cols if part.size == n else cols.take(part), workload, engine, coef)
+        b = estimate_batch(model, cluster, cols if part.size == n else cols.take(part), workload, engine, coef,
+                           perf_below_gib=limit)
         ok = (b.peak_gib <= limit) & b.host_fits
         tokens[part] = np.where(ok, b.tokens_per_s_per_gpu, np.nan)
         step[part] = np.where(ok, b.step.step_time_s, np.nan)
@@ -223,31 +222,7 @@ def _estimate_columns(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, w
         stages[part, :st.shape[1]] = st
         peak[part], host[part] = b.peak_gib, b.host_fits
         del b, st
-    rows = np.flatnonzero(scalar)
-    for i, lay in zip(rows, _layouts(cols.take(rows)) if rows.size else ()):
-        mem, perf = estimate_parts(model, cluster, lay, workload, engine, coef, perf_below_gib=limit)
-        st = [s.total_gib for s in mem.stages]
-        stages[i, :len(st)] = st
-        peak[i], host[i] = mem.peak_gib, mem.host_fits
-        if perf is not None:
-            tokens[i], step[i] = perf.tokens_per_s_per_gpu, perf.step_time_s
     return tokens, step, stages, peak, host
-
-
-def _layouts(cols: LayoutColumns):
-    """Every row as a `Layout`, in order (`LayoutColumns.layout` per row, with the columns turned into Python
-    values once instead of one numpy scalar at a time)."""
-    names = list(cols.columns())
-    values = []
-    for name in names:
-        col = cols[name].tolist()
-        if KINDS[name] == "opt_int":
-            col = [None if v == NONE_INT else v for v in col]
-        elif KINDS[name] == "opt_float":
-            col = [None if v != v else v for v in col]  # NaN
-        values.append(col)
-    for row in zip(*values):
-        yield Layout(**dict(zip(names, row)))
 
 
 def _estimate_job(args) -> tuple:

@@ -13,8 +13,7 @@ status 1 when a term differs. `--reference bb2a96d` compares with the tree befor
 `--batch`: instead of a reference commit, this tree's batches against its batches of one: the same random layouts
 are estimated one by one with `estimate()` and as one `LayoutColumns` batch per (model, cluster) with `estimate_batch`,
 and every term (`estimate_terms` / `BatchEstimate.terms`: per-stage time parts and memory terms, named overheads, the
-step, tokens/s/GPU, peaks, the verdict) must agree within 1e-9 relative, per model too. The rows `scalar_rows`
-selects (`attune.estimator.batch.scalar_rows`) go through the scalar path inside the batch; their count is printed.
+step, tokens/s/GPU, peaks, the verdict) must agree within 1e-9 relative, per model too.
 MoE models draw from the dense space's knobs and the `moe` space's (EP, ETP, dispatcher, the expert all-to-all overlap).
 `--batch --low-precision`: the same with every layout given a precision class drawn among those its GPU runs (bf16,
 fp8 delayed / tensorwise / blockwise with or without --fp8-param-gather on Hopper and Blackwell, mxfp8 and nvfp4 on
@@ -178,10 +177,9 @@ def compare(a: list[dict], b: list[dict], cases: list[dict]) -> tuple[int, float
     return n, worst, bad
 
 
-def batch_check(cases: list[dict]) -> tuple[int, float, list[str], int, dict]:
-    """(terms compared, largest relative difference, first disagreements, scalar-path rows, per model (layouts, terms,
-    largest relative difference, scalar-path rows)): estimate_batch per (model, cluster) against estimate() row by
-    row, on this tree."""
+def batch_check(cases: list[dict]) -> tuple[int, float, list[str], dict]:
+    """(terms compared, largest relative difference, first disagreements, per model (layouts, terms, largest relative
+    difference)): estimate_batch per (model, cluster) against estimate() row by row, on this tree."""
     from attune.estimator import estimate, estimate_batch
     from attune.estimator.terms import estimate_terms
     from attune.spec.columns import LayoutColumns
@@ -195,7 +193,7 @@ def batch_check(cases: list[dict]) -> tuple[int, float, list[str], int, dict]:
     groups: dict[tuple[str, str], list[int]] = {}
     for i, c in enumerate(cases):
         groups.setdefault((c["model"], c["gpus"]), []).append(i)
-    n = scalar = 0
+    n = 0
     worst, bad = 0.0, []
     per: dict[str, list] = {}
     per_recipe: dict[tuple[str, str], float] = {}  # largest relative difference per (model, recipe)
@@ -203,8 +201,7 @@ def batch_check(cases: list[dict]) -> tuple[int, float, list[str], int, dict]:
         model, cluster = load_model(name), parse_cluster(gpus)
         lays = [layout_from_dict(cases[i]["layout"]) for i in idx]
         b = estimate_batch(model, cluster, LayoutColumns.from_layouts(lays), wl, engine)
-        scalar += int(b.scalar_rows.sum())
-        row = per.setdefault(name, [0, 0, 0.0, 0])
+        row = per.setdefault(name, [0, 0, 0.0])
         n0, w0 = n, worst
         worst = 0.0
         for j, lay in enumerate(lays):
@@ -225,10 +222,9 @@ def batch_check(cases: list[dict]) -> tuple[int, float, list[str], int, dict]:
         row[0] += len(lays)
         row[1] += n - n0
         row[2] = max(row[2], worst)
-        row[3] += int(b.scalar_rows.sum())
         worst = max(worst, w0)
     batch_check.per_recipe = per_recipe  # (model, recipe) -> largest relative difference, for --low-precision's table
-    return n, worst, bad, scalar, per
+    return n, worst, bad, per
 
 
 def low_precision_cases(cases: list[dict], seed: int) -> list[dict]:
@@ -285,10 +281,10 @@ def main() -> None:
                            CLUSTERS + ("16xB200",) if args.low_precision else CLUSTERS)
         if args.low_precision:
             cases = low_precision_cases(cases, args.seed)
-        n, worst, bad, scalar, per = batch_check(cases)
-        for name, (rows, terms, w, sc) in per.items():
-            print(f"  {name}: {rows:,} layouts, {terms:,} terms, largest relative difference {w:.3g}, {sc:,} scalar")
-        print(f"{len(cases):,} layouts of {len(names)} models ({scalar:,} through the scalar path), {n:,} terms: "
+        n, worst, bad, per = batch_check(cases)
+        for name, (rows, terms, w) in per.items():
+            print(f"  {name}: {rows:,} layouts, {terms:,} terms, largest relative difference {w:.3g}")
+        print(f"{len(cases):,} layouts of {len(names)} models, {n:,} terms: "
               f"estimate_batch against estimate(), largest relative difference {worst:.3g} (tolerance {RTOL:g}); "
               f"{time.perf_counter() - t0:.0f} s")
         if args.low_precision:

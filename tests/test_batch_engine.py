@@ -28,7 +28,6 @@ from hypothesis import strategies as st
 
 from attune.errors import AttuneError, LayoutError
 from attune.estimator import estimate, estimate_batch
-from attune.estimator.batch import scalar_rows
 from attune.estimator.batch_place import place_batch
 from attune.estimator.coefficients import DEFAULT, Coefficients
 from attune.estimator.terms import estimate_terms
@@ -136,7 +135,6 @@ def test_every_term_equals_the_frozen_reference():
         model, cluster, engine, wl = load_model(name), parse_cluster(gpus), get_engine(eng), Workload()
         lays = [layout_from_dict(r["layout"]) for r in rows]
         b = estimate_batch(model, cluster, LayoutColumns.from_layouts(lays), wl, engine, Coefficients())
-        assert not b.scalar_rows.any()  # dense bf16 / fp16 rows: all through the arrays
         for i, (lay, r) in enumerate(zip(lays, rows)):
             got = {k: float(f"{v:.13g}") for k, v in batch_terms(b, i).items()}
             bad = mismatches(r["terms"], got)
@@ -151,29 +149,9 @@ def test_batch_equals_batches_of_one(name, gpus, eng):
     lays = draw(model, cluster, engine, wl, 40, seed=len(name) + len(gpus))
     assert len(lays) >= 30
     b = estimate_batch(model, cluster, LayoutColumns.from_layouts(lays), wl, engine)
-    assert not b.scalar_rows.any()
     for i, lay in enumerate(lays):
         bad = mismatches(scalar_terms(estimate(model, cluster, lay, wl, engine, check_layout=False)), batch_terms(b, i))
         assert not bad, f"{lay.label()}: {bad[:5]}"
-
-
-def test_no_row_through_the_scalar_path():
-    """Low-precision rows among bf16 ones, of a dense and of an MoE model, all go through the arrays (``scalar_rows``
-    selects none), each equal to estimate()."""
-    model, cluster, engine, wl = load_model("Qwen3.6-27B"), parse_cluster("8xH200"), get_engine("megatron"), Workload()
-    lays = draw(model, cluster, engine, wl, 12, seed=3)
-    lays[1::3] = [dataclasses.replace(x, **fields_for("fp8-blockwise")) for x in lays[1::3]]
-    moe = load_model("tiny-qwen3-moe")
-    mlays = draw(moe, cluster, engine, wl, 6, seed=4)
-    mlays[::2] = [dataclasses.replace(x, **fields_for("fp8-blockwise")) for x in mlays[::2]]
-    for m, ls in ((model, lays), (moe, mlays)):
-        cols = LayoutColumns.from_layouts(ls)
-        assert not scalar_rows(m, cluster, cols, engine).any()
-        b = estimate_batch(m, cluster, cols, wl, engine)
-        assert not b.scalar_rows.any()
-        for i, lay in enumerate(ls):
-            bad = mismatches(scalar_terms(estimate(m, cluster, lay, wl, engine, check_layout=False)), batch_terms(b, i))
-            assert not bad, f"{m.name} {lay.label()}: {bad[:5]}"
 
 
 FP8 = ("fp8-delayed", "fp8-tensorwise", "fp8-blockwise")
@@ -192,7 +170,8 @@ LOW_CASES = [("Qwen3.6-27B", "8xH200", "slime", FP8, {}, 0), ("Qwen3.6-27B", "16
 def test_low_precision_and_mtp_through_the_arrays(name, gpus, eng, recipes, knobs, mtp):
     """fp8 / mxfp8 / nvfp4 rows (GEMM speed, quantize passes, quantized saved inputs, the weight cache, fp8 params,
     scaling state, the cast and the fp8 all-gather) and MTP rows (the last stage's extra layer: time, memory, the
-    loss's logits) are estimated by the arrays, every term equal to estimate()'s."""
+    loss's logits) in a batch of 36 equal their batches of one (``estimate()``) term by term; their values against the
+    scalar composition: tests/test_batch_moe.py's frozen reference."""
     model, cluster, wl = load_model(name), parse_cluster(gpus), Workload()
     model = dataclasses.replace(model, mtp_layers=max(mtp, model.mtp_layers))
     engine = dataclasses.replace(get_engine(eng), **knobs)
@@ -205,7 +184,6 @@ def test_low_precision_and_mtp_through_the_arrays(name, gpus, eng, recipes, knob
         lays.append(dataclasses.replace(lay, mtp_layers=mtp * int(rng.integers(2) or i < 4), **rec,
                                         **fields_for(recipe, param_gather=gather)))
     b = estimate_batch(model, cluster, LayoutColumns.from_layouts(lays), wl, engine)
-    assert not b.scalar_rows.any()
     for i, lay in enumerate(lays):
         bad = mismatches(scalar_terms(estimate(model, cluster, lay, wl, engine, check_layout=False)), batch_terms(b, i))
         assert not bad, f"{lay.label()}: {bad[:5]}"

@@ -12,7 +12,7 @@ from attune.api.estimate import estimate_target
 from attune.api.target import batch_for_cluster, resolve_target
 from attune.api.tune import tune_config
 from attune.cli import main
-from attune.estimator import estimate, estimate_batch, forget, memory, reuse
+from attune.estimator import estimate, estimate_batch, forget
 from attune.estimator.coefficients import coefficients_for
 from attune.search.scoring import score_space
 from attune.search.space import SearchSpace, layout_key, load_space
@@ -75,7 +75,7 @@ def test_default_batch_grows_with_the_cluster():
 
 def _tiny_moe_space():
     """The dense space's knobs with communication overlap and EP on a tiny hybrid MoE model: offload and overlap
-    variants of one layout share terms (attune.estimator.reuse), so a key missing a field shows here."""
+    variants of one layout share kept terms (placements, fixed overheads), so a key missing a field shows here."""
     base = load_space(None)
     knobs = dict(base.knobs, comm_overlap=(False, True), ep=(1, 2), dispatcher=("alltoall", "allgather"),
                  first_offset=(-1, 1), last_offset=(-1, 1), recompute_layers=(1, 2))
@@ -90,9 +90,7 @@ def test_shared_terms_equal_fresh_estimates(h200x8, slime):
     pick = set(rng.choice(len(pairs), 100, replace=False).tolist())
     warm = {i: estimate(m, h200x8, lay, wl, slime, check_layout=False) for i, (_, lay) in enumerate(pairs)}
     for i in sorted(pick):
-        forget()  # the kept estimates, batches and placements
-        reuse.clear()  # the scalar fallback's shared terms (MoE rows)
-        memory._OVERHEADS.clear()
+        forget()  # the kept estimates, batches, placements and fixed overheads
         fresh = estimate(m, h200x8, pairs[i][1], wl, slime, check_layout=False)
         assert asdict(fresh.memory) == asdict(warm[i].memory), pairs[i][1].label()
         assert asdict(fresh.perf) == asdict(warm[i].perf), pairs[i][1].label()
@@ -100,11 +98,10 @@ def test_shared_terms_equal_fresh_estimates(h200x8, slime):
 
 @pytest.mark.parametrize("name", ["tiny-qwen3.5-moe", "tiny-qwen3.5"])
 def test_scored_table_is_estimate(h200x8, slime, name):
-    """The scored table equals `estimate` row by row: the MoE model through the scalar rows, the dense hybrid
-    through the array engine (`estimate_batch`)."""
+    """The scored table equals `estimate` row by row, for an MoE model and a dense hybrid."""
     m, wl = load_model(name), Workload(seq_length=1024, global_batch=16)
     space = _tiny_moe_space()
-    table = score_space(space, m, h200x8, wl, slime, coefficients_for(h200x8.gpu), workers=1)
+    table = score_space(space, m, h200x8, wl, slime, coefficients_for(h200x8.gpu))
     assert len(table) == len(space.enumerate(m, 8, wl, slime))
     for i in np.random.default_rng(1).choice(len(table), 60, replace=False):
         e = estimate(m, h200x8, table.layouts[i], wl, slime, check_layout=False)

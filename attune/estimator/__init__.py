@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from attune.errors import LayoutError
 from attune.estimator.batch import BatchEstimate, estimate_batch, forget_placements
+from attune.estimator.memory import forget_overheads
 from attune.estimator.terms import MemoryTerms, PerfTerms, row_terms
 from attune.spec.columns import LayoutColumns
 from attune.spec.engine import Engine
@@ -123,11 +124,12 @@ ESTIMATES_KEPT = 4096
 layouts they already asked for (each is a few dozen records; the search's table does not come through here)."""
 _ESTIMATES: dict[tuple, Estimate] = {}
 def forget() -> None:
-    """Drop what ``estimate`` and ``estimate_batch`` keep between calls (estimates, batches, placements): a test that
-    checks kept results against fresh ones calls this first."""
+    """Drop what ``estimate`` and ``estimate_batch`` keep between calls (estimates, batches, placements, fixed
+    overheads): a test that checks kept results against fresh ones calls this first."""
     _ESTIMATES.clear()
     _COLUMNS.clear()
     forget_placements()
+    forget_overheads()
 
 
 _COLUMNS: dict[Layout | tuple[Layout, ...], LayoutColumns] = {}

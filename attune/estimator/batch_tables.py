@@ -99,7 +99,7 @@ class KindTables:
 
 def kind_tables(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, tokens: np.ndarray, workload: Workload,
                 engine: Engine, coef: Coefficients) -> KindTables:
-    """Layer costs and times per group of rows sharing a Shape and TP overlap (``performance._pipeline``'s), and for
+    """Layer costs and times per group of rows sharing a Shape and TP overlap (bb2a96d's ``performance._pipeline``'s), and for
     an MoE model the fields its routed experts read (``batch_moe.MOE_FIELDS``)."""
     gpu = cluster.gpu
     peak = gpu.bf16_tflops * 1e12 * peak_ratio(gpu, coef)

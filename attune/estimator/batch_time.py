@@ -250,18 +250,21 @@ def dp_seconds(cluster: Cluster, cols: LayoutColumns, engine: Engine, coef: Coef
     bw = link_bytes_per_s(d * tp, cluster, coef)
     bucket = np.maximum(DDP_BUCKET_MIN_PARAMS, DDP_BUCKET_PARAMS_PER_DP_RANK * d)
     lat = coef.collective_latency_s
-    dp_s, drain = np.zeros(len(d)), np.zeros(len(d))
-    for s in range(params.shape[1]):
-        p, bwd, fwd = params[:, s], st.backward_s[:, s], st.forward_s[:, s]
-        n_buckets = np.maximum(1.0, p / bucket)
-        t_rs = np.where(dist, p * (d - 1) / d * gb / bw + lat, 2 * p * (d - 1) / d * gb / bw + lat)
-        t_ag = np.where(dist, p * (d - 1) / d * ag_bytes / bw + lat, 0.0)
-        t_rs = np.where(ov_grad, np.maximum(t_rs - bwd - drain, t_rs / n_buckets), t_rs)
-        t_ag = np.where(ov_param, np.maximum(t_ag - fwd, t_ag / n_buckets), t_ag)
-        dp_s = np.where(pl.stage[:, s], np.maximum(dp_s, t_rs + t_ag + (0.0 if expert_s is None else expert_s[:, s])),
-                        dp_s)
-        drain = drain + bwd
-    return np.where(d > 1, dp_s, 0.0)
+    # every stage at once ([N, S]); drain = the backward of the stages before (an exclusive running sum, added in
+    # stage order as the per-stage loop did: cumsum is sequential)
+    p, bwd, fwd = params, st.backward_s, st.forward_s
+    drain = np.zeros_like(bwd)
+    np.cumsum(bwd[:, :-1], axis=1, out=drain[:, 1:])
+    d, gb, ag_bytes, bw, dist, ov_grad, ov_param, bucket = (x[:, None] if np.ndim(x) else x for x in (
+        d, gb, ag_bytes, bw, dist, ov_grad, ov_param, bucket))
+    n_buckets = np.maximum(1.0, p / bucket)
+    t_rs = np.where(dist, p * (d - 1) / d * gb / bw + lat, 2 * p * (d - 1) / d * gb / bw + lat)
+    t_ag = np.where(dist, p * (d - 1) / d * ag_bytes / bw + lat, 0.0)
+    t_rs = np.where(ov_grad, np.maximum(t_rs - bwd - drain, t_rs / n_buckets), t_rs)
+    t_ag = np.where(ov_param, np.maximum(t_ag - fwd, t_ag / n_buckets), t_ag)
+    per_stage = t_rs + t_ag + (0.0 if expert_s is None else expert_s)
+    dp_s = np.where(pl.stage, per_stage, 0.0).max(axis=1, initial=0.0)  # max: order-free, exact
+    return np.where(cols["dp"] * cols["cp"] > 1, dp_s, 0.0)
 
 
 def optimizer_seconds(cluster: Cluster, cols: LayoutColumns, engine: Engine, coef: Coefficients,

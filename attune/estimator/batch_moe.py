@@ -47,6 +47,8 @@ def _value_ids(col: np.ndarray) -> np.ndarray:
     if col.dtype == object:
         seen: dict = {}
         return np.array([seen.setdefault(v, len(seen)) for v in col], dtype=np.int64)
+    if len(col) and (col == col[0]).all():  # one value (a target's rows mostly share them): what np.unique gives
+        return np.zeros(len(col), dtype=np.int64)
     return np.unique(np.nan_to_num(col.astype(np.float64), nan=-1.0), return_inverse=True)[1].reshape(-1)
 
 

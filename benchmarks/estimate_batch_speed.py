@@ -60,7 +60,7 @@ def run(case: str, repeat: int, n_check: int) -> None:
     n = len(layouts)
     best = int(np.argmax(np.where(b.fits, b.tokens_per_s_per_gpu, -np.inf)))
     print(f"{name} on {gpus}: {n:,} layouts (enumerated in {t_enum:.1f} s, to columns in {t_cols:.2f} s); "
-          f"{int(b.fits.sum()):,} predicted to fit; {int(b.scalar_rows.sum())} through the scalar path")
+          f"{int(b.fits.sum()):,} predicted to fit")
     print(f"  estimate_batch: {dt:.3f} s on one core (best of {repeat}): {n / dt:,.0f} layouts/s "
           f"({1e6 * dt / n:.1f} us per layout); CPU time {min(cpu):.3f} s: {n / min(cpu):,.0f} layouts/s")
     print(f"  fastest that fits: {layouts[best].label()} at {b.tokens_per_s_per_gpu[best]:,.1f} tokens/s/GPU")

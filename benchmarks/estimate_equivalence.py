@@ -5,19 +5,21 @@ Run by hand: `python benchmarks/estimate_equivalence.py` (20,000 layouts per bun
 for a quick look, `--models A,B` for a few). The reference tree is extracted with `git archive` into a
 temporary folder and run in a subprocess; the layouts are drawn here (the dense space's knobs plus
 communication overlap and, for MoE models, EP / ETP / dispatcher) and handed to both sides as dictionaries,
-so both estimate the same layouts. What is compared: every float of `Estimate.memory` and `Estimate.perf`
-(stages, per-stage parts and overheads, breakdown), by name. Exit status 1 when a term differs.
+so both estimate the same layouts. What is compared: every figure of `Estimate.memory` and `Estimate.perf`
+(stages, per-stage parts and overheads, breakdown) by the names both trees read them under (`canonical`). Exit
+status 1 when a term differs. `--reference bb2a96d` compares with the tree before `estimate()` became a batch of one
+(issue 18: the scalar composition then, the array engine now).
 
-`--batch`: instead of a reference commit, this tree's array engine against its scalar path: the same random layouts
+`--batch`: instead of a reference commit, this tree's batches against its batches of one: the same random layouts
 are estimated one by one with `estimate()` and as one `LayoutColumns` batch per (model, cluster) with `estimate_batch`,
 and every term (`estimate_terms` / `BatchEstimate.terms`: per-stage time parts and memory terms, named overheads, the
-step, tokens/s/GPU, peaks, the verdict) must agree within 1e-9 relative, per model too. The rows `scalar_rows`
-selects (`attune.estimator.batch.scalar_rows`) go through the scalar path inside the batch; their count is printed.
+step, tokens/s/GPU, peaks, the verdict) must agree within 1e-9 relative, per model too.
 MoE models draw from the dense space's knobs and the `moe` space's (EP, ETP, dispatcher, the expert all-to-all overlap).
 `--batch --low-precision`: the same with every layout given a precision class drawn among those its GPU runs (bf16,
 fp8 delayed / tensorwise / blockwise with or without --fp8-param-gather on Hopper and Blackwell, mxfp8 and nvfp4 on
 Blackwell: a 16xB200 cluster joins the draw) and, on a model with multi-token-prediction modules, its MTP layers on
-half the layouts; the largest relative difference is printed per model and recipe.
+half the layouts; the largest relative difference is printed per model and recipe. `--low-precision` without
+`--batch` draws the same layouts for the comparison with the reference commit.
 """
 
 from __future__ import annotations
@@ -61,6 +63,34 @@ def flatten(obj, prefix: str, out: dict) -> dict:
     return out
 
 
+MEMORY_STAGE = ("stage", "layers", "params", "weights_gib", "grads_gib", "optimizer_gib", "activations_gib",
+                "logits_gib", "overhead_gib", "host_optimizer_gib", "inflight_microbatches", "expert_params",
+                "expert_weights_gib", "expert_grads_gib", "expert_optimizer_gib", "expert_activations_gib",
+                "allocated_gib", "reserved_gib", "total_gib", "overheads")
+PERF = ("step_time_s", "tokens_per_s_per_gpu", "mfu", "usd_per_million_tokens", "pipeline_s", "bubble_s", "dp_comm_s",
+        "optimizer_s", "overhead_s")
+BREAKDOWN = ("critical_stage", "microbatches", "compute_s", "exposed_comm_s", "bubble_s", "optimizer_s", "overhead_s",
+             "total_s")
+
+
+def canonical(e) -> dict:
+    """The figures of an `Estimate` by the names every tree since f11c0fc reads them under (the scalar records of
+    older trees and the typed row views of `attune.estimator.terms` alike): memory per stage with its named overheads,
+    the peaks and host figures, the step, each stage's time parts and the step breakdown."""
+    m, p = e.memory, e.perf
+    return {
+        "memory": {"capacity_gib": m.capacity_gib, "host_capacity_gib": m.host_capacity_gib,
+                   "host_needed_gib": m.host_needed_gib, "peak_gib": m.peak_gib, "peak_stage": m.peak_stage,
+                   "peak_allocated_gib": m.peak_allocated_gib, "peak_reserved_gib": m.peak_reserved_gib,
+                   "fits": m.fits, "microbatches": m.batch.microbatches,
+                   "stages": [{k: getattr(s, k) for k in MEMORY_STAGE} for s in m.stages]},
+        "perf": {**{k: getattr(p, k) for k in PERF},
+                 "stages": [{"stage": s.stage, "forward_s": s.forward_s, "backward_s": s.backward_s,
+                             "compute_s": s.compute_s, "comm_s": s.comm_s, "parts": s.parts} for s in p.stages],
+                 "breakdown": {k: getattr(p.breakdown, k) for k in BREAKDOWN}},
+    }
+
+
 def dump(cases_path: str, out_path: str) -> None:
     """Estimate every case of `cases_path` with the attune on PYTHONPATH and write the flattened terms."""
     from attune.estimator import estimate
@@ -84,8 +114,7 @@ def dump(cases_path: str, out_path: str) -> None:
             rows.append({"error": type(err).__name__})
             continue
         out: dict = {}
-        flatten(e.memory, "memory", out)
-        flatten(e.perf, "perf", out)
+        flatten(canonical(e), "", out)
         rows.append(out)
     Path(out_path).write_text(json.dumps(rows))
 
@@ -148,12 +177,11 @@ def compare(a: list[dict], b: list[dict], cases: list[dict]) -> tuple[int, float
     return n, worst, bad
 
 
-def batch_check(cases: list[dict]) -> tuple[int, float, list[str], int, dict]:
-    """(terms compared, largest relative difference, first disagreements, scalar-path rows, per model (layouts, terms,
-    largest relative difference, scalar-path rows)): estimate_batch per (model, cluster) against estimate() row by
-    row, on this tree."""
+def batch_check(cases: list[dict]) -> tuple[int, float, list[str], dict]:
+    """(terms compared, largest relative difference, first disagreements, per model (layouts, terms, largest relative
+    difference)): estimate_batch per (model, cluster) against estimate() row by row, on this tree."""
     from attune.estimator import estimate, estimate_batch
-    from attune.estimator.batch import estimate_terms
+    from attune.estimator.terms import estimate_terms
     from attune.spec.columns import LayoutColumns
     from attune.spec.engine import get_engine
     from attune.spec.hardware import parse_cluster
@@ -165,7 +193,7 @@ def batch_check(cases: list[dict]) -> tuple[int, float, list[str], int, dict]:
     groups: dict[tuple[str, str], list[int]] = {}
     for i, c in enumerate(cases):
         groups.setdefault((c["model"], c["gpus"]), []).append(i)
-    n = scalar = 0
+    n = 0
     worst, bad = 0.0, []
     per: dict[str, list] = {}
     per_recipe: dict[tuple[str, str], float] = {}  # largest relative difference per (model, recipe)
@@ -173,8 +201,7 @@ def batch_check(cases: list[dict]) -> tuple[int, float, list[str], int, dict]:
         model, cluster = load_model(name), parse_cluster(gpus)
         lays = [layout_from_dict(cases[i]["layout"]) for i in idx]
         b = estimate_batch(model, cluster, LayoutColumns.from_layouts(lays), wl, engine)
-        scalar += int(b.scalar_rows.sum())
-        row = per.setdefault(name, [0, 0, 0.0, 0])
+        row = per.setdefault(name, [0, 0, 0.0])
         n0, w0 = n, worst
         worst = 0.0
         for j, lay in enumerate(lays):
@@ -195,10 +222,9 @@ def batch_check(cases: list[dict]) -> tuple[int, float, list[str], int, dict]:
         row[0] += len(lays)
         row[1] += n - n0
         row[2] = max(row[2], worst)
-        row[3] += int(b.scalar_rows.sum())
         worst = max(worst, w0)
     batch_check.per_recipe = per_recipe  # (model, recipe) -> largest relative difference, for --low-precision's table
-    return n, worst, bad, scalar, per
+    return n, worst, bad, per
 
 
 def low_precision_cases(cases: list[dict], seed: int) -> list[dict]:
@@ -238,9 +264,9 @@ def main() -> None:
     ap.add_argument("--models", default=None, help="comma-separated model names (default: every bundled model)")
     ap.add_argument("--reference", default=REFERENCE)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--batch", action="store_true", help="the array engine against the scalar path of this tree")
+    ap.add_argument("--batch", action="store_true", help="whole batches against batches of one, on this tree")
     ap.add_argument("--low-precision", action="store_true",
-                    help="with --batch: every precision class the GPU runs, and MTP layers where the model has them")
+                    help="every precision class the GPU runs, and MTP layers where the model has them")
     ap.add_argument("--dump", nargs=2, metavar=("CASES", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.dump:
@@ -255,10 +281,10 @@ def main() -> None:
                            CLUSTERS + ("16xB200",) if args.low_precision else CLUSTERS)
         if args.low_precision:
             cases = low_precision_cases(cases, args.seed)
-        n, worst, bad, scalar, per = batch_check(cases)
-        for name, (rows, terms, w, sc) in per.items():
-            print(f"  {name}: {rows:,} layouts, {terms:,} terms, largest relative difference {w:.3g}, {sc:,} scalar")
-        print(f"{len(cases):,} layouts of {len(names)} models ({scalar:,} through the scalar path), {n:,} terms: "
+        n, worst, bad, per = batch_check(cases)
+        for name, (rows, terms, w) in per.items():
+            print(f"  {name}: {rows:,} layouts, {terms:,} terms, largest relative difference {w:.3g}")
+        print(f"{len(cases):,} layouts of {len(names)} models, {n:,} terms: "
               f"estimate_batch against estimate(), largest relative difference {worst:.3g} (tolerance {RTOL:g}); "
               f"{time.perf_counter() - t0:.0f} s")
         if args.low_precision:
@@ -274,7 +300,10 @@ def main() -> None:
         arch = subprocess.run(["git", "-C", str(REPO), "archive", args.reference, "attune"], check=True,
                               capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(old)], input=arch, check=True)
-        cases = draw_cases(names, args.per_model, args.seed)
+        cases = draw_cases(names, args.per_model, args.seed,
+                           CLUSTERS + ("16xB200",) if args.low_precision else CLUSTERS)
+        if args.low_precision:
+            cases = low_precision_cases(cases, args.seed)
         (tmp / "cases.json").write_text(json.dumps(cases))
         procs = [run_side(old, str(tmp / "cases.json"), str(tmp / "old.json")),
                  run_side(REPO, str(tmp / "cases.json"), str(tmp / "new.json"))]

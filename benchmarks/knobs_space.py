@@ -38,7 +38,7 @@ def main() -> None:  # entry point
                                     path=full.path + "#without-issue-15-knobs")
     for name, sp in (("without the issue-15 knobs", seed_only), ("with them (dense.yaml)", full)):
         t = time.perf_counter()
-        table = score_space(sp, model, cluster, wl, engine, coef, workers=1)
+        table = score_space(sp, model, cluster, wl, engine, coef)
         print(f"{name}: {len(table.layouts):,} layouts scored in {time.perf_counter() - t:.1f} s on one core")
     ab = ablation_of_table(table, full, cluster.gpu.capacity_gib * 0.98)
     print(f"best fitting (2% headroom): {ab.best_label} at {ab.best_tokens:,.1f} tokens/s/GPU; with none of the "

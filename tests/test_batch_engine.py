@@ -1,18 +1,25 @@
-"""The array engine (attune.estimator.batch, issue 18) gives every term of the scalar estimate, row by row.
+"""The array engine (attune.estimator.batch, issue 18): every term of a frozen reference, and a row's terms do not
+depend on the batch it is estimated in.
 
-Random layouts of several bundled dense and GDN-hybrid models on three clusters and four engines (the default space's
-knobs plus communication overlap, with a few Layout fields the space does not search flipped at random), one batch
-per (model, cluster, engine): every per-stage time part and memory term, every named overhead and the step figures
-equal ``estimate()``'s within 1e-9 relative. Low-precision rows (every recipe on the GPUs that run it, with and
-without --fp8-param-gather, FP8 attention) and multi-token prediction go through the arrays too; MoE models:
-tests/test_batch_moe.py. The rows ``scalar_rows`` selects take the scalar path inside the batch and must come back
-the same (none now).
+The frozen reference (``tests/fixtures/estimate_reference.json.gz``) holds random layouts of several bundled dense and
+GDN-hybrid models on several clusters and engines (the default space's knobs plus communication overlap, with a few
+Layout fields the space does not search flipped at random) and every term the scalar composition of bb2a96d (before
+``estimate()`` became a batch of one) gave them with the coefficients' source values (``Coefficients()``, which a
+refit does not move): every per-stage time part and memory term, every named overhead and the step figures must
+equal it within 1e-9 relative. A deliberate physics change rewrites it: ``python tests/test_batch_engine.py --write``.
+Whole batches equal batches of one (``estimate()``) term by term. Low-precision rows (every recipe on the GPUs that
+run it, with and without --fp8-param-gather, FP8 attention) and multi-token prediction go through the arrays too; MoE
+models: tests/test_batch_moe.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import json
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,20 +28,22 @@ from hypothesis import strategies as st
 
 from attune.errors import AttuneError, LayoutError
 from attune.estimator import estimate, estimate_batch
-from attune.estimator.batch import estimate_terms, scalar_rows
 from attune.estimator.batch_place import place_batch
-from attune.estimator.coefficients import DEFAULT
+from attune.estimator.coefficients import DEFAULT, Coefficients
+from attune.estimator.terms import estimate_terms
 from attune.search.space import SearchSpace, load_space
 from attune.spec import pipeline_layout
 from attune.spec.columns import LayoutColumns
 from attune.spec.engine import get_engine
 from attune.spec.hardware import parse_cluster
+from attune.spec.identity import layout_from_dict
 from attune.spec.layout import Layout, Workload
 from attune.spec.model import load_model
 from attune.spec.placement import place
 from attune.spec.precision import fields_for
 
 RTOL = 1e-9
+REFERENCE = Path(__file__).parent / "fixtures" / "estimate_reference.json.gz"
 # fields the space does not search, flipped at random (rows an invalid flip breaks are dropped by the scalar path)
 FLIPS = {"precision": "fp16", "distributed_optimizer": False, "precision_aware_optimizer": False,
          "overlap_cpu_optimizer": False, "overlap_grad_reduce": True, "overlap_param_gather": True,
@@ -57,8 +66,8 @@ def mismatches(a: dict, b: dict) -> list[str]:
         if w is None or v == w or (math.isnan(v) and math.isnan(w)):
             continue
         if abs(v - w) > RTOL * max(abs(v), abs(w)):
-            bad.append(f"{k}: scalar {v!r} batch {w!r}")
-    return bad + [f"{k}: not in the scalar estimate" for k in b if k not in a and not k.startswith("overhead.")
+            bad.append(f"{k}: expected {v!r} got {w!r}")
+    return bad + [f"{k}: not in the expected terms" for k in b if k not in a and not k.startswith("overhead.")
                   and b[k] != 0.0]
 
 
@@ -96,35 +105,53 @@ CASES = [("Qwen3.6-27B", "8xH200", "slime"), ("Qwen3.6-27B", "16xH100", "megatro
          ("tiny-qwen3.5", "4xcpu", "torch"), ("tiny-llama", "2xcpu", "torch"), ("Qwen3-1.7B", "8xH100", "torch")]
 
 
+def _reference() -> list[dict]:
+    with gzip.open(REFERENCE, "rt") as f:
+        return json.load(f)
+
+
+def write_reference(path: Path = REFERENCE, per_case: int = 4) -> int:
+    """Rewrite the frozen reference from this tree (a deliberate physics change): ``per_case`` drawn layouts of every
+    case of CASES with every term ``estimate()`` gives them at the coefficients' source values, 13 digits."""
+    out = []
+    for name, gpus, eng in CASES:
+        model, cluster, engine, wl = load_model(name), parse_cluster(gpus), get_engine(eng), Workload()
+        for lay in draw(model, cluster, engine, wl, per_case, seed=len(name) + len(gpus)):
+            e = estimate(model, cluster, lay, wl, engine, Coefficients(), check_layout=False)
+            out.append({"model": name, "gpus": gpus, "engine": eng, "layout": lay.to_dict(),
+                        "terms": {k: float(f"{v:.13g}") for k, v in scalar_terms(e).items()}})
+    with gzip.open(path, "wt", compresslevel=9) as f:
+        json.dump(out, f, separators=(",", ":"))
+    return len(out)
+
+
+def test_every_term_equals_the_frozen_reference():
+    ref = _reference()
+    assert len(ref) >= 50 and {(r["model"], r["gpus"], r["engine"]) for r in ref} == set(CASES)
+    groups: dict[tuple, list[dict]] = {}
+    for r in ref:
+        groups.setdefault((r["model"], r["gpus"], r["engine"]), []).append(r)
+    for (name, gpus, eng), rows in groups.items():
+        model, cluster, engine, wl = load_model(name), parse_cluster(gpus), get_engine(eng), Workload()
+        lays = [layout_from_dict(r["layout"]) for r in rows]
+        b = estimate_batch(model, cluster, LayoutColumns.from_layouts(lays), wl, engine, Coefficients())
+        for i, (lay, r) in enumerate(zip(lays, rows)):
+            got = {k: float(f"{v:.13g}") for k, v in batch_terms(b, i).items()}
+            bad = mismatches(r["terms"], got)
+            assert not bad, f"{name} {gpus} {eng} {lay.label()}: {bad[:5]}"
+
+
 @pytest.mark.parametrize("name,gpus,eng", CASES)
-def test_batch_equals_scalar(name, gpus, eng):
+def test_batch_equals_batches_of_one(name, gpus, eng):
+    """A row's terms in a batch of 40 mixed layouts (other PP, VPP, recompute groups, shapes) equal its terms alone
+    (``estimate()``: a batch of one, read through the typed records)."""
     model, cluster, engine, wl = load_model(name), parse_cluster(gpus), get_engine(eng), Workload()
     lays = draw(model, cluster, engine, wl, 40, seed=len(name) + len(gpus))
     assert len(lays) >= 30
     b = estimate_batch(model, cluster, LayoutColumns.from_layouts(lays), wl, engine)
-    assert not b.scalar_rows.any()  # dense bf16 / fp16 rows: all through the arrays
     for i, lay in enumerate(lays):
         bad = mismatches(scalar_terms(estimate(model, cluster, lay, wl, engine, check_layout=False)), batch_terms(b, i))
         assert not bad, f"{lay.label()}: {bad[:5]}"
-
-
-def test_no_row_through_the_scalar_path():
-    """Low-precision rows among bf16 ones, of a dense and of an MoE model, all go through the arrays (``scalar_rows``
-    selects none), each equal to estimate()."""
-    model, cluster, engine, wl = load_model("Qwen3.6-27B"), parse_cluster("8xH200"), get_engine("megatron"), Workload()
-    lays = draw(model, cluster, engine, wl, 12, seed=3)
-    lays[1::3] = [dataclasses.replace(x, **fields_for("fp8-blockwise")) for x in lays[1::3]]
-    moe = load_model("tiny-qwen3-moe")
-    mlays = draw(moe, cluster, engine, wl, 6, seed=4)
-    mlays[::2] = [dataclasses.replace(x, **fields_for("fp8-blockwise")) for x in mlays[::2]]
-    for m, ls in ((model, lays), (moe, mlays)):
-        cols = LayoutColumns.from_layouts(ls)
-        assert not scalar_rows(m, cluster, cols, engine).any()
-        b = estimate_batch(m, cluster, cols, wl, engine)
-        assert not b.scalar_rows.any()
-        for i, lay in enumerate(ls):
-            bad = mismatches(scalar_terms(estimate(m, cluster, lay, wl, engine, check_layout=False)), batch_terms(b, i))
-            assert not bad, f"{m.name} {lay.label()}: {bad[:5]}"
 
 
 FP8 = ("fp8-delayed", "fp8-tensorwise", "fp8-blockwise")
@@ -143,7 +170,8 @@ LOW_CASES = [("Qwen3.6-27B", "8xH200", "slime", FP8, {}, 0), ("Qwen3.6-27B", "16
 def test_low_precision_and_mtp_through_the_arrays(name, gpus, eng, recipes, knobs, mtp):
     """fp8 / mxfp8 / nvfp4 rows (GEMM speed, quantize passes, quantized saved inputs, the weight cache, fp8 params,
     scaling state, the cast and the fp8 all-gather) and MTP rows (the last stage's extra layer: time, memory, the
-    loss's logits) are estimated by the arrays, every term equal to estimate()'s."""
+    loss's logits) in a batch of 36 equal their batches of one (``estimate()``) term by term; their values against the
+    scalar composition: tests/test_batch_moe.py's frozen reference."""
     model, cluster, wl = load_model(name), parse_cluster(gpus), Workload()
     model = dataclasses.replace(model, mtp_layers=max(mtp, model.mtp_layers))
     engine = dataclasses.replace(get_engine(eng), **knobs)
@@ -156,7 +184,6 @@ def test_low_precision_and_mtp_through_the_arrays(name, gpus, eng, recipes, knob
         lays.append(dataclasses.replace(lay, mtp_layers=mtp * int(rng.integers(2) or i < 4), **rec,
                                         **fields_for(recipe, param_gather=gather)))
     b = estimate_batch(model, cluster, LayoutColumns.from_layouts(lays), wl, engine)
-    assert not b.scalar_rows.any()
     for i, lay in enumerate(lays):
         bad = mismatches(scalar_terms(estimate(model, cluster, lay, wl, engine, check_layout=False)), batch_terms(b, i))
         assert not bad, f"{lay.label()}: {bad[:5]}"
@@ -262,3 +289,7 @@ def test_stage_values_alone_equal_the_records():
     assert np.array_equal(b.stage_values("total_gib"), b.memory.total_gib)  # after the records are built
     assert set(np.unique(b.stage.sum(axis=1))) == {lay.pp for lay in lays} and b.stage.shape[1] == max(
         lay.pp for lay in lays)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
+    print(f"{write_reference()} layouts written to {REFERENCE}")

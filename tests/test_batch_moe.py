@@ -1,12 +1,15 @@
-"""The array engine covers MoE models (attune.estimator.batch_moe, issue 18): every term equals the scalar path's.
+"""The array engine covers MoE models (attune.estimator.batch_moe, issue 18): every term equals the frozen reference
+the scalar composition wrote before its deletion (``tests/fixtures/estimate_reference_moe_lowp.json.gz``, rewritten
+for a deliberate physics change by ``python tests/test_batch_moe.py --write``), and a row's terms in a batch equal its
+batch of one (``estimate()``).
 
 Random layouts of the bundled MoE models from the ``moe`` search space (EP, ETP, dispatcher, a2a overlap, optimizer
 offload, full recompute), with MoE fields the space fixes flipped at random (VPP 2, grouped GEMM and permute fusion
 off, shared-expert overlap, force balance, capacity factor, selective recompute of the MoE modules, activation
 offload of the routed tensors, no precision-aware / distributed optimizer), on several clusters and engines (CUDA
-graphs scoped and full included): no row goes to the scalar path, and every per-stage time part (``ep_comm``,
+graphs scoped and full included): every per-stage time part (``ep_comm``,
 ``moe_host``), memory term (expert weights, grads, optimizer states, activations), named overhead (DeepEP buffers,
-the expert communicators' NCCL buffers) and step figure equals ``estimate()``'s within 1e-9 relative. The same with
+the expert communicators' NCCL buffers) and step figure equals the reference within 1e-9 relative. The same with
 low-precision GEMMs (fp8 on Hopper, mxfp8 / nvfp4 on Blackwell, Megatron-Bridge's fused grouped MLP) and multi-token
 prediction (MoE-kind MTP layers: DeepSeek-V3, GLM), alone and together.
 """
@@ -14,22 +17,30 @@ prediction (MoE-kind MTP layers: DeepSeek-V3, GLM), alone and together.
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from attune.errors import AttuneError
 from attune.estimator import estimate, estimate_batch
-from attune.estimator.batch import scalar_rows
 from attune.estimator.batch_tables import merged_order
+from attune.estimator.coefficients import Coefficients
 from attune.search.space import SearchSpace, load_space
 from attune.spec.columns import LayoutColumns
 from attune.spec.engine import get_engine
 from attune.spec.hardware import parse_cluster
+from attune.spec.identity import layout_from_dict
 from attune.spec.layout import Workload
 from attune.spec.model import load_model
 from attune.spec.precision import fields_for
+from tests import test_batch_engine as dense
 from tests.test_batch_engine import mismatches, scalar_terms
+
+REFERENCE = Path(__file__).parent / "fixtures" / "estimate_reference_moe_lowp.json.gz"
 
 MODULES = ("core_attn", "mlp", "moe", "moe_act", "shared_experts", "mla_up_proj")
 OFFLOAD = ("qkv_linear", "core_attn", "attn_proj", "expert_fc1", "moe_act")
@@ -93,9 +104,7 @@ def check(name: str, gpus: str, engine, n: int, seed: int, recipes: tuple[str, .
     if recipes or mtp:
         lays = with_recipes(lays, recipes or ("bf16",), mtp, seed)
     cols = LayoutColumns.from_layouts(lays)
-    assert not scalar_rows(model, cluster, cols, engine).any()
     b = estimate_batch(model, cluster, cols, wl, engine)
-    assert not b.scalar_rows.any()
     for i, lay in enumerate(lays):
         bad = mismatches(scalar_terms(estimate(model, cluster, lay, wl, engine, check_layout=False)), b.terms(i))
         assert not bad, f"{name} {lay.label()}: {bad[:5]}"
@@ -110,7 +119,7 @@ CASES = [("Qwen3-30B-A3B", "8xH200", "slime"), ("Qwen3.5-35B-A3B", "8xH200", "sl
 
 
 @pytest.mark.parametrize("name,gpus,eng", CASES)
-def test_moe_batch_equals_scalar(name, gpus, eng):
+def test_moe_batch_equals_batches_of_one(name, gpus, eng):
     check(name, gpus, get_engine(eng), 24, seed=len(name) * 7 + len(gpus))
 
 
@@ -139,11 +148,11 @@ LOW_CASES = [("Qwen3-30B-A3B", "8xH200", "slime", ("bf16",) + FP8, 0, {}),
 
 
 @pytest.mark.parametrize("name,gpus,eng,recipes,mtp,knobs", LOW_CASES)
-def test_moe_low_precision_and_mtp_equal_scalar(name, gpus, eng, recipes, mtp, knobs):
+def test_moe_low_precision_and_mtp_equal_batches_of_one(name, gpus, eng, recipes, mtp, knobs):
     """The routed experts under a low-precision recipe (precision.moe_times on their grouped GEMMs, the quantized
     saved tensors, the expert parameters in the weight cache / fp8 params, the expert shard in the weight cast) and
     MoE-kind MTP layers (their routed experts' time, parameters, expert-DP and optimizer terms, activations) through
-    the arrays: no scalar row, every term equal to estimate()'s."""
+    the arrays: every term of a batch equal to the batch of one's (the values: the frozen reference)."""
     check(name, gpus, dataclasses.replace(get_engine(eng), **knobs), 18, seed=len(name) * 5 + len(recipes) + mtp,
           recipes=recipes, mtp=mtp)
 
@@ -173,3 +182,91 @@ def test_overhead_names_keep_every_rows_order():
         assert got == ["cuda_context", "nccl_buffers", "deepep_buffers", "tp_overlap_buffers"]
     with pytest.raises(AssertionError, match="no merge"):
         merged_order([["a", "b"], ["b", "a"]])
+
+
+def reference_cases() -> list[tuple]:
+    """(model, gpus, engine, engine knobs, model MTP layers, layouts) of the frozen MoE / low-precision / MTP reference:
+    a few layouts of every case above and of test_batch_engine's low-precision cases, drawn as those tests draw."""
+    out = []
+    for name, gpus, eng in CASES:
+        model, cluster = load_model(name), parse_cluster(gpus)
+        lays = draw_moe(model, cluster, get_engine(eng), Workload(), 4, seed=len(name) * 7 + len(gpus))
+        out.append((name, gpus, eng, {}, None, lays))
+    for graphs in ("scoped", "full"):
+        knobs = {"cuda_graphs": graphs}
+        engine = dataclasses.replace(get_engine("megatron-bridge"), **knobs)
+        lays = draw_moe(load_model("Qwen3-235B-A22B"), parse_cluster("32xH100"), engine, Workload(), 3, seed=11)
+        out.append(("Qwen3-235B-A22B", "32xH100", "megatron-bridge", knobs, None, lays))
+    for name, gpus, eng, recipes, mtp, knobs in LOW_CASES:
+        model, cluster = load_model(name), parse_cluster(gpus)
+        seed = len(name) * 5 + len(recipes) + mtp
+        engine = dataclasses.replace(get_engine(eng), **knobs)
+        lays = with_recipes(draw_moe(model, cluster, engine, Workload(), 6, seed), recipes, mtp, seed)
+        out.append((name, gpus, eng, knobs, None, lays))
+    for name, gpus, eng, recipes, knobs, mtp in dense.LOW_CASES:
+        model, cluster = load_model(name), parse_cluster(gpus)
+        model_mtp = max(mtp, model.mtp_layers)
+        model = dataclasses.replace(model, mtp_layers=model_mtp)
+        engine = dataclasses.replace(get_engine(eng), **knobs)
+        lays = dense.draw(model, cluster, engine, Workload(), 8, seed=len(name) + 11)
+        rng = np.random.default_rng(len(name) * 7 + len(gpus))
+        lays = [dataclasses.replace(lay, mtp_layers=mtp * int(rng.integers(2) or i < 4),
+                                    **(dict(recompute_num_layers=1) if mtp and lay.recompute_method == "uniform"
+                                       else {}),
+                                    **fields_for(recipes[i % len(recipes)],
+                                                 param_gather=recipes[i % len(recipes)].startswith("fp8")
+                                                 and bool(rng.integers(2))))
+                for i, lay in enumerate(lays)]
+        out.append((name, gpus, eng, knobs, model_mtp, lays))
+    return out
+
+
+def _target(name: str, model_mtp, eng: str, knobs: dict):
+    model = load_model(name)
+    if model_mtp is not None:
+        model = dataclasses.replace(model, mtp_layers=model_mtp)
+    return model, dataclasses.replace(get_engine(eng), **knobs)
+
+
+def write_reference(path: Path = REFERENCE) -> int:
+    """Rewrite the frozen reference from this tree (a deliberate physics change): every term ``estimate()`` gives
+    the layouts of ``reference_cases`` at the coefficients' source values (``Coefficients()``), 13 digits."""
+    out = []
+    for name, gpus, eng, knobs, model_mtp, lays in reference_cases():
+        model, engine = _target(name, model_mtp, eng, knobs)
+        cluster = parse_cluster(gpus)
+        for lay in lays:
+            e = estimate(model, cluster, lay, Workload(), engine, Coefficients(), check_layout=False)
+            out.append({"model": name, "gpus": gpus, "engine": eng, "knobs": knobs, "model_mtp": model_mtp,
+                        "layout": lay.to_dict(),
+                        "terms": {k: float(f"{v:.13g}") for k, v in scalar_terms(e).items()}})
+    with gzip.open(path, "wt", compresslevel=9) as f:
+        json.dump(out, f, separators=(",", ":"))
+    return len(out)
+
+
+def test_moe_low_precision_mtp_equal_the_frozen_reference():
+    """MoE (EP, ETP, dispatchers, CUDA graphs), low-precision (fp8 / mxfp8 / nvfp4, fp8 param gather, FP8 attention,
+    the fused grouped MLP) and MTP rows, estimated as one batch per target, equal every term the scalar composition
+    of 4bd23b5 (before it was deleted; byte-equal to bb2a96d's) gave them at ``Coefficients()``."""
+    with gzip.open(REFERENCE, "rt") as f:
+        ref = json.load(f)
+    assert len(ref) >= 150 and {r["model"] for r in ref} >= {"DeepSeek-V3", "GPT-OSS-120B", "MiMo-7B"}
+    assert any(r["layout"]["mtp_layers"] for r in ref) and any(r["layout"]["ep"] > 1 for r in ref)
+    groups: dict[str, list[dict]] = {}
+    for r in ref:
+        groups.setdefault(json.dumps([r["model"], r["gpus"], r["engine"], r["knobs"], r["model_mtp"]]), []).append(r)
+    for key, rows in groups.items():
+        name, gpus, eng, knobs, model_mtp = json.loads(key)
+        model, engine = _target(name, model_mtp, eng, knobs)
+        lays = [layout_from_dict(r["layout"]) for r in rows]
+        b = estimate_batch(model, parse_cluster(gpus), LayoutColumns.from_layouts(lays), Workload(), engine,
+                           Coefficients())
+        for i, (lay, r) in enumerate(zip(lays, rows)):
+            got = {k: float(f"{v:.13g}") for k, v in b.terms(i).items()}
+            bad = mismatches(r["terms"], got)
+            assert not bad, f"{name} {gpus} {eng} {lay.label()}: {bad[:5]}"
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
+    print(f"{write_reference()} layouts written to {REFERENCE}")

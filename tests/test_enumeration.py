@@ -11,7 +11,7 @@ import yaml
 
 from attune.api.target import batch_for_cluster
 from attune.errors import SearchSpaceError
-from attune.estimator import estimate_parts
+from attune.estimator import estimate
 from attune.estimator.coefficients import coefficients_for
 from attune.search.enumeration import enumerate_columns
 from attune.search.scoring import score_space
@@ -93,7 +93,7 @@ def test_scored_space_reads_like_lists():
     model, cluster, eng = load_model("Llama-3.1-8B"), parse_cluster("8xH100"), get_engine("slime")
     space, wl = load_space("small"), Workload()
     coef = coefficients_for(cluster.gpu)
-    table = score_space(space, model, cluster, wl, eng, coef, workers=1)
+    table = score_space(space, model, cluster, wl, eng, coef)
     ref = space.enumerate(model, cluster.world_size, wl, eng)
     assert len(table) == len(table.layouts) == len(table.params) == len(ref) > 10
     L = model.num_layers
@@ -101,7 +101,7 @@ def test_scored_space_reads_like_lists():
     for i, (params, lay) in enumerate(ref):
         assert table.layouts[i] == lay and table.params[i] == params
         assert table.row(layout_key(lay, L)) == i and table.row(params_key(params)) == i
-        mem, _ = estimate_parts(model, cluster, lay, wl, eng, coef)
+        mem = estimate(model, cluster, lay, wl, eng, coef, check_layout=False).memory
         st = table.stage_gib[i]
         assert st == tuple(s.total_gib for s in mem.stages) and len(st) == lay.pp
         assert pos[i, 0] == st[0] and pos[i, 2] == st[-1]
@@ -122,7 +122,7 @@ def test_scored_table_survives_a_pickle(h200x8, slime):
     from attune.spec.model import load_model
 
     t = score_space(load_space(None), load_model("tiny-llama"), h200x8, Workload(seq_length=1024, global_batch=16),
-                    slime, coefficients_for(h200x8.gpu), workers=1)
+                    slime, coefficients_for(h200x8.gpu))
     t2 = pickle.loads(pickle.dumps(t))
     for i in (0, len(t) // 2, len(t) - 1):
         assert t2.layouts[i] == t.layouts[i] and t2.params[i] == t.params[i] and t2.stage_gib[i] == t.stage_gib[i]

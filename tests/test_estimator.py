@@ -11,8 +11,7 @@ from attune.cli import main
 from attune.estimator import estimate
 from attune.estimator.coefficients import DEFAULT, Coefficients, coefficients_for
 from attune.estimator.costs import Shape, layer_costs
-from attune.estimator.memory import communicators, estimate_memory, optimizer_bytes
-from attune.estimator.performance import estimate_performance
+from attune.estimator.memory import communicators, optimizer_bytes
 from attune.spec.engine import get_engine
 from attune.spec.hardware import GiB, parse_cluster
 from attune.spec.layout import Layout, Workload
@@ -21,8 +20,18 @@ from attune.spec.model import FULL, LINEAR, from_geometry, load_model
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _memory(*args):
+    """The memory records of ``estimate`` (no layout rule checked)."""
+    return estimate(*args, check_layout=False).memory
+
+
+def _perf(*args):
+    """The performance records of ``estimate`` (no layout rule checked)."""
+    return estimate(*args, check_layout=False).perf
+
+
 def test_seed_memory_verdicts(qwen, h200x8, slime, seed_cases, seed_workload):
-    est = {k: estimate_memory(qwen, h200x8, v, seed_workload, slime) for k, v in seed_cases.items()}
+    est = {k: _memory(qwen, h200x8, v, seed_workload, slime) for k, v in seed_cases.items()}
     assert est["rb12"].fits and est["rb12"].peak_stage == 0
     assert est["rb12"].peak_gib > 0.9 * est["rb12"].capacity_gib  # near the limit
     assert not est["rb10"].fits and est["rb10"].stages[0].total_gib > est["rb10"].capacity_gib
@@ -36,8 +45,8 @@ def test_seed_memory_verdicts(qwen, h200x8, slime, seed_cases, seed_workload):
 def test_seed_throughputs_plausible(qwen, h200x8, slime, seed_cases, seed_workload):
     """Loose: the calibrated fit (attune calibrate) owns the 5% bound; the physics must land near it."""
     coef = coefficients_for(h200x8.gpu)  # the shipped Hopper set (the shared one has no per-generation values)
-    tuned = estimate_performance(qwen, h200x8, seed_cases["rb12"], seed_workload, slime, coef)
-    base = estimate_performance(qwen, h200x8, seed_cases["slime"], seed_workload, slime, coef)
+    tuned = _perf(qwen, h200x8, seed_cases["rb12"], seed_workload, slime, coef)
+    base = _perf(qwen, h200x8, seed_cases["slime"], seed_workload, slime, coef)
     assert tuned.tokens_per_s_per_gpu == pytest.approx(2499.5, rel=0.10)
     assert base.tokens_per_s_per_gpu == pytest.approx(948.7, rel=0.10)
 
@@ -99,7 +108,7 @@ def test_overheads_add_up_and_reserved_above_allocated(qwen, h200x8, slime, seed
     for lay in seed_cases.values():
         for eng in (slime, get_engine("megatron"), get_engine("megatron-bridge")):
             if eng.forces_distributed_optimizer or lay.distributed_optimizer:
-                m = estimate_memory(qwen, h200x8, lay, seed_workload, eng)
+                m = _memory(qwen, h200x8, lay, seed_workload, eng)
                 for s in m.stages:
                     assert s.overhead_gib == pytest.approx(sum(s.overheads.values()))
                     assert {"cuda_context", "gemm_workspaces", "nccl_buffers", "fragmentation"} <= set(s.overheads)
@@ -114,18 +123,18 @@ def test_nccl_buffers_follow_the_communicators(qwen, h200x8, seed_workload):
                  recompute_num_layers=1)
     groups = {g[0] for g in communicators(lay, 0, h200x8)}
     assert {"tp", "pp", "dp_cp", "model_parallel", "world", "embedding"} <= groups and "cp" not in groups
-    nvls = estimate_memory(qwen, h200x8, lay, seed_workload, get_engine("megatron")).stages[0].overheads
-    plain = estimate_memory(qwen, h200x8, lay, seed_workload, get_engine("megatron-bridge")).stages[0].overheads
+    nvls = _memory(qwen, h200x8, lay, seed_workload, get_engine("megatron")).stages[0].overheads
+    plain = _memory(qwen, h200x8, lay, seed_workload, get_engine("megatron-bridge")).stages[0].overheads
     assert nvls["nccl_buffers"] > plain["nccl_buffers"]  # NVLS buffers only where NCCL_NVLS_ENABLE is left on
-    one = estimate_memory(qwen, parse_cluster("1xH200"), Layout(), seed_workload, get_engine("megatron"))
+    one = _memory(qwen, parse_cluster("1xH200"), Layout(), seed_workload, get_engine("megatron"))
     assert one.stages[0].overheads["nccl_buffers"] == 0  # a single GPU creates no communicator
 
 
 def test_fragmentation_lower_with_expandable_segments(qwen, h200x8, seed_cases, seed_workload):
     lay = seed_cases["rb12"]
     coef = Coefficients()  # the sourced field defaults (the fitted set may move `fragmentation`)
-    sl = estimate_memory(qwen, h200x8, lay, seed_workload, get_engine("slime"), coef).stages[0]
-    mg = estimate_memory(qwen, h200x8, lay, seed_workload, get_engine("megatron"), coef).stages[0]
+    sl = _memory(qwen, h200x8, lay, seed_workload, get_engine("slime"), coef).stages[0]
+    mg = _memory(qwen, h200x8, lay, seed_workload, get_engine("megatron"), coef).stages[0]
     assert sl.overheads["fragmentation"] / sl.allocated_gib < mg.overheads["fragmentation"] / mg.allocated_gib
 
 
@@ -203,16 +212,16 @@ def test_physics_monotone(qwen, h200x8, slime, seed_workload):
     prev_mem, prev_t = 1e9, 0
     for n in (4, 8, 12, 16):
         lay = Layout(recompute_num_layers=n, **base)
-        m = estimate_memory(qwen, h200x8, lay, seed_workload, slime).peak_gib
-        t = estimate_performance(qwen, h200x8, lay, seed_workload, slime).step_time_s
+        m = _memory(qwen, h200x8, lay, seed_workload, slime).peak_gib
+        t = _perf(qwen, h200x8, lay, seed_workload, slime).step_time_s
         assert m < prev_mem and t > prev_t
         prev_mem, prev_t = m, t
 
 
 def test_megatron_engine_shards_gdn(qwen, h200x8, seed_workload):
     lay = Layout(tp=4, sp=True, pp=2, dp=1, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
-    s = estimate_memory(qwen, h200x8, lay, seed_workload, get_engine("slime")).stages[0].params
-    m = estimate_memory(qwen, h200x8, lay, seed_workload, get_engine("megatron")).stages[0].params
+    s = _memory(qwen, h200x8, lay, seed_workload, get_engine("slime")).stages[0].params
+    m = _memory(qwen, h200x8, lay, seed_workload, get_engine("megatron")).stages[0].params
     assert s > 1.5 * m  # slime replicates the GDN mixer on every TP rank
 
 

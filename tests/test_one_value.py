@@ -8,32 +8,41 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
-from attune.api.target import batch_for_cluster
+from attune.api.estimate import estimate_target
+from attune.api.target import batch_for_cluster, resolve_target
 from attune.api.tune import tune_config
 from attune.cli import main
-from attune.estimator import estimate, memory, reuse
+from attune.estimator import estimate, estimate_batch, forget
 from attune.estimator.coefficients import coefficients_for
-from attune.estimator.memory import estimate_memory
-from attune.estimator.performance import estimate_performance
 from attune.search.scoring import score_space
 from attune.search.space import SearchSpace, layout_key, load_space
+from attune.spec.columns import LayoutColumns
 from attune.spec.layout import Workload
 from attune.spec.model import load_model
 
 
 def test_public_paths_agree(qwen, h200x8, slime, seed_cases, seed_workload):
-    for lay in seed_cases.values():
+    """estimate() (a batch of one), estimate_batch over all the seed's layouts at once, the API's estimate_target
+    and the scored table: the same step, throughput and stage peaks, with the same (GPU generation's) coefficients
+    when none is given."""
+    lays = list(seed_cases.values())
+    batch = estimate_batch(qwen, h200x8, LayoutColumns.from_layouts(lays), seed_workload, slime)
+    for i, lay in enumerate(lays):
         whole = estimate(qwen, h200x8, lay, seed_workload, slime, check_layout=False)
-        perf = estimate_performance(qwen, h200x8, lay, seed_workload, slime)
-        mem = estimate_memory(qwen, h200x8, lay, seed_workload, slime)
-        assert perf.step_time_s == whole.perf.step_time_s
-        assert perf.tokens_per_s_per_gpu == whole.perf.tokens_per_s_per_gpu
-        assert [s.total_gib for s in mem.stages] == [s.total_gib for s in whole.memory.stages]
+        assert batch.step.step_time_s[i] == whole.perf.step_time_s
+        assert batch.tokens_per_s_per_gpu[i] == whole.perf.tokens_per_s_per_gpu
+        assert batch.peak_gib[i] == whole.memory.peak_gib
+        assert batch.step.bubble_s[i] == whole.perf.bubble_s
+        assert [batch.memory.total_gib[i, s] for s in range(lay.pp)] == [s.total_gib for s in whole.memory.stages]
+    target = resolve_target(model="Qwen3.6-27B", gpus="8xH200", flags=[])
+    via_api = estimate_target(target)
+    direct = estimate(target.model, target.cluster, target.layout, target.workload, target.engine)
+    assert via_api.to_dict() == direct.to_dict()
 
 
 def test_one_bubble(qwen, h200x8, slime, seed_cases, seed_workload):
     for lay in seed_cases.values():
-        p = estimate_performance(qwen, h200x8, lay, seed_workload, slime)
+        p = estimate(qwen, h200x8, lay, seed_workload, slime, check_layout=False).perf
         assert p.bubble_s == p.breakdown.bubble_s
         assert abs(p.breakdown.total_s - p.step_time_s) < 1e-9 * p.step_time_s
 
@@ -66,7 +75,7 @@ def test_default_batch_grows_with_the_cluster():
 
 def _tiny_moe_space():
     """The dense space's knobs with communication overlap and EP on a tiny hybrid MoE model: offload and overlap
-    variants of one layout share terms (attune.estimator.reuse), so a key missing a field shows here."""
+    variants of one layout share kept terms (placements, fixed overheads), so a key missing a field shows here."""
     base = load_space(None)
     knobs = dict(base.knobs, comm_overlap=(False, True), ep=(1, 2), dispatcher=("alltoall", "allgather"),
                  first_offset=(-1, 1), last_offset=(-1, 1), recompute_layers=(1, 2))
@@ -81,8 +90,7 @@ def test_shared_terms_equal_fresh_estimates(h200x8, slime):
     pick = set(rng.choice(len(pairs), 100, replace=False).tolist())
     warm = {i: estimate(m, h200x8, lay, wl, slime, check_layout=False) for i, (_, lay) in enumerate(pairs)}
     for i in sorted(pick):
-        reuse.clear()
-        memory._OVERHEADS.clear()
+        forget()  # the kept estimates, batches, placements and fixed overheads
         fresh = estimate(m, h200x8, pairs[i][1], wl, slime, check_layout=False)
         assert asdict(fresh.memory) == asdict(warm[i].memory), pairs[i][1].label()
         assert asdict(fresh.perf) == asdict(warm[i].perf), pairs[i][1].label()
@@ -90,11 +98,10 @@ def test_shared_terms_equal_fresh_estimates(h200x8, slime):
 
 @pytest.mark.parametrize("name", ["tiny-qwen3.5-moe", "tiny-qwen3.5"])
 def test_scored_table_is_estimate(h200x8, slime, name):
-    """The scored table equals `estimate` row by row: the MoE model through the scalar rows, the dense hybrid
-    through the array engine (`estimate_batch`)."""
+    """The scored table equals `estimate` row by row, for an MoE model and a dense hybrid."""
     m, wl = load_model(name), Workload(seq_length=1024, global_batch=16)
     space = _tiny_moe_space()
-    table = score_space(space, m, h200x8, wl, slime, coefficients_for(h200x8.gpu), workers=1)
+    table = score_space(space, m, h200x8, wl, slime, coefficients_for(h200x8.gpu))
     assert len(table) == len(space.enumerate(m, 8, wl, slime))
     for i in np.random.default_rng(1).choice(len(table), 60, replace=False):
         e = estimate(m, h200x8, table.layouts[i], wl, slime, check_layout=False)

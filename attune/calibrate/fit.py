@@ -29,7 +29,7 @@ import numpy as np
 import yaml
 
 import attune
-from attune.calibrate.report import Prediction, SeriesScore, predict_row, scores
+from attune.calibrate.report import Prediction, SeriesScore, predict_rows, scores
 from attune.calibrate.rows import Corpus, CorpusRow
 from attune.errors import AttuneError
 from attune.estimator.coefficients import BY_GENERATION, DEFAULT, Coefficients
@@ -267,8 +267,8 @@ def solve(rows: Sequence[CorpusRow], params: Sequence[FitParam], start: Coeffici
     def residuals(x: np.ndarray) -> np.ndarray:
         cs = apply(x, params, start)
         res: list[float] = []
-        for r in rows:
-            res.extend(row_residuals(predict_row(r, cs.for_row(r)), w))
+        for p in predict_rows(rows, cs.for_row):
+            res.extend(row_residuals(p, w))
         res.extend(math.sqrt(PRIOR_WEIGHT) * (x - x0) / width)
         return np.asarray(res)
 
@@ -280,7 +280,7 @@ def solve(rows: Sequence[CorpusRow], params: Sequence[FitParam], start: Coeffici
     sol = least_squares(residuals, x0, bounds=(lo, hi), method="trf", x_scale=width, diff_step=1e-4,
                         ftol=1e-12, xtol=1e-10, gtol=1e-12, max_nfev=max_evaluations)
     cs = apply(sol.x, params, start)
-    preds = [predict_row(r, cs.for_row(r)) for r in rows]
+    preds = predict_rows(rows, cs.for_row)
     return FitResult(
         params=tuple(params), values=tuple(float(v) for v in sol.x), coefficients=cs,
         rows=tuple(r.id for r in rows), series=tuple(dict.fromkeys(r.series for r in rows)),
@@ -298,7 +298,7 @@ def fit_all(corpus: Corpus, start: CoefficientSet | None = None) -> FitResult:
     m = fit(corpus, dense.coefficients, moe=True)
     cs = m.coefficients
     fitted = set(dense.rows + m.rows)
-    preds = [predict_row(r, cs.for_row(r)) for r in corpus.expressed if r.id in fitted]
+    preds = predict_rows([r for r in corpus.expressed if r.id in fitted], cs.for_row)
     return FitResult(params=dense.params + m.params, values=dense.values + m.values, coefficients=m.coefficients,
                      rows=dense.rows + m.rows, series=tuple(dict.fromkeys(dense.series + m.series)),
                      scores=tuple(scores(preds)), cost=dense.cost + m.cost, start_cost=dense.start_cost + m.start_cost,
@@ -312,7 +312,7 @@ def leave_one_series_out(corpus: Corpus, series: str, start: CoefficientSet | No
     if not held:
         raise FitError(f"series '{series}' has no expressed row in {corpus.directory}")
     res = fit(corpus.without_series(series), start)
-    return res, [predict_row(r, res.coefficients.for_row(r)) for r in held]
+    return res, predict_rows(held, res.coefficients.for_row)
 
 
 # ---------------------------------------------------------------------- MoE: leave one model out (issue 21)
@@ -349,7 +349,7 @@ def leave_one_model_out(corpus: Corpus, model: str, dense: CoefficientSet) -> tu
     rest = Corpus(rows=tuple(r for r in corpus.rows if not (r.model is not None and r.model.name == model)),
                   directory=corpus.directory)
     res = fit(rest, reset_moe(dense), moe=True)
-    return res, [predict_row(r, res.coefficients.for_row(r)) for r in held]
+    return res, predict_rows(held, res.coefficients.for_row)
 
 
 def moe_transfer_table(corpus: Corpus, fitted: CoefficientSet, dense: CoefficientSet | None = None) -> list[dict]:
@@ -362,7 +362,7 @@ def moe_transfer_table(corpus: Corpus, fitted: CoefficientSet, dense: Coefficien
     out = []
     for name in moe_models(corpus):
         rows = [r for r in corpus.expressed if _bf16_moe_row(r) and r.model.name == name]
-        ins = [predict_row(r, fitted.for_row(r)) for r in rows]
+        ins = predict_rows(rows, fitted.for_row)
         _, lomo = leave_one_model_out(corpus, name, dense)
         e_in = [p.error for p in ins if p.error is not None]
         e_out = [p.error for p in lomo if p.error is not None]

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from attune.calibrate.fit import GENERATIONS, CoefficientSet, FitError, FitParam, FitResult, fit_all, solve
-from attune.calibrate.report import Prediction, predict_row, scores
+from attune.calibrate.report import Prediction, predict_rows, scores
 from attune.calibrate.rows import Corpus, CorpusRow
 from attune.estimator.coefficients import Coefficients
 from attune.spec.precision import fields_for, recipe_of
@@ -78,7 +78,7 @@ def merge(base: FitResult, lp: FitResult, corpus: Corpus) -> FitResult:
     """The dense (+ MoE) result with the low-precision stage on top: one result, as ``fit_all`` returns."""
     cs = lp.coefficients
     fitted = set(base.rows + lp.rows)
-    preds = [predict_row(r, cs.for_row(r)) for r in corpus.expressed if r.id in fitted]
+    preds = predict_rows([r for r in corpus.expressed if r.id in fitted], cs.for_row)
     return FitResult(params=base.params + lp.params, values=base.values + lp.values, coefficients=cs,
                      rows=base.rows + lp.rows, series=tuple(dict.fromkeys(base.series + lp.series)),
                      scores=tuple(scores(preds)), cost=base.cost + lp.cost, start_cost=base.start_cost + lp.start_cost,
@@ -103,7 +103,7 @@ def leave_one_series_out(corpus: Corpus, start: CoefficientSet) -> list[Predicti
         held = [r for r in rows if r.series == s]
         rest = [r for r in rows if r.series != s]
         cs = fit_precision(corpus, start, rest).coefficients if rest else start
-        out += [predict_row(r, cs.for_row(r)) for r in held]
+        out += predict_rows(held, cs.for_row)
     return out
 
 

@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING
 
 from attune.calibrate.rows import MEMORY, Corpus, CorpusRow
 from attune.errors import AttuneError
-from attune.estimator import Estimate, estimate
+from attune.estimator import BatchEstimate, Estimate, estimate, estimate_batch
 from attune.estimator.coefficients import Coefficients, coefficients_for
+from attune.spec.columns import LayoutColumns
+from attune.spec.layout import Layout
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -104,8 +106,76 @@ def predict_row(row: CorpusRow, coef: Coefficients | None = None) -> Prediction:
     return _from_estimate(row, est)
 
 
+def predict_rows(rows: Sequence[CorpusRow], coefficients: CoefficientsFor = default_coefficients) -> list[Prediction]:
+    """``predict_row`` of every row, in order: the rows of one target (model, cluster, engine, workload) and
+    coefficients estimated as one batch (``estimate_batch``, its records read as ``estimate`` reads them); a batch
+    that fails goes row by row."""
+    groups: list[tuple[CorpusRow, Coefficients, list[int]]] = []
+    by_name: dict[tuple, list[int]] = {}
+    for i, r in enumerate(rows):
+        if not r.expressed:
+            raise ValueError(f"row {r.id} is not expressed: {r.reason}")
+        c = coefficients(r)
+        key = (r.model.name, r.cluster.spec, r.engine.name, r.workload, id(c))
+        for g in by_name.setdefault(key, []):
+            first, gc, members = groups[g]
+            if gc is c and (first.model, first.cluster, first.engine) == (r.model, r.cluster, r.engine):
+                members.append(i)
+                break
+        else:
+            by_name[key].append(len(groups))
+            groups.append((r, c, [i]))
+    out: list[Prediction | None] = [None] * len(rows)
+    for first, c, members in groups:
+        try:
+            cols = _columns(tuple(rows[i].layout for i in members))
+            b = estimate_batch(first.model, first.cluster, cols, first.workload, first.engine, c)
+        except (AttuneError, ArithmeticError):  # one row's failure: each row on its own, failures kept with reasons
+            b = None
+        if b is None:
+            for i in members:
+                out[i] = predict_row(rows[i], c)
+            continue
+        terms = {k: b.stage_values(k) for k in _STAGE_TERMS}
+        for j, i in enumerate(members):
+            out[i] = _from_batch(rows[i], b, j, terms)
+    return out
+
+
+_STAGE_TERMS = ("total_gib", "weights_gib", "grads_gib", "optimizer_gib", "activations_gib", "allocated_gib",
+                "reserved_gib")
+"""The per-stage terms a prediction reads (``_from_estimate``'s)."""
+
+
+def _from_batch(row: CorpusRow, b: BatchEstimate, j: int, terms: dict) -> Prediction:
+    """``_from_estimate`` of row j of a batch, read from its records (the same numbers ``estimate`` gives)."""
+    stage = row.memory.stage if (row.memory and row.memory.stage is not None) else None
+    pp = int(b.stage[j].sum())
+    k = stage if stage is not None and stage < pp else int(b.peak_stage[j])
+    total = float(terms["total_gib"][j, k])
+    fits = (total <= b.capacity_gib) if (stage is not None and row.memory.fits is False) else bool(b.fits[j])
+    at = {n: float(v[j, k]) for n, v in terms.items()}
+    comps = {"states": at["weights_gib"] + at["grads_gib"] + at["optimizer_gib"], "activations": at["activations_gib"]}
+    return Prediction(row=row, tokens_per_s_per_gpu=float(b.tokens_per_s_per_gpu[j]) if row.has_throughput else None,
+                      peak_gib=total, capacity_gib=b.capacity_gib, fits=fits, components_gib=comps,
+                      allocated_gib=at["allocated_gib"], reserved_gib=at["reserved_gib"])
+
+
+def _columns(layouts: tuple[Layout, ...]) -> LayoutColumns:
+    """The batch of a group's layouts, kept: a fit asks for the same groups at every evaluation."""
+    cols = _COLUMNS.get(layouts)
+    if cols is None:
+        if len(_COLUMNS) >= 4096:
+            _COLUMNS.clear()
+        cols = _COLUMNS[layouts] = LayoutColumns.from_layouts(layouts)
+    return cols
+
+
+_COLUMNS: dict[tuple, LayoutColumns] = {}
+
+
 def predict(corpus: Corpus, coefficients: CoefficientsFor = default_coefficients) -> list[Prediction]:
-    return [predict_row(r, coefficients(r)) for r in corpus.expressed]
+    return predict_rows(corpus.expressed, coefficients)
 
 
 # ---------------------------------------------------------------------- scores

@@ -2,19 +2,19 @@
 
 ``estimate_batch(model, cluster, cols, workload, engine, coef=None) -> BatchEstimate`` estimates every row of a
 `LayoutColumns` batch at once with numpy: the placement as ``[rows, stages, chunks]`` arrays (``batch_place``), the
-per-layer costs and times once per distinct shape (``batch_tables``, by the scalar functions), the per-stage step-time
-parts (``batch_time``) and memory terms (``batch_memory``), accumulated in the scalar path's order so that every term
-equals ``estimate()``'s (tests/test_batch_engine.py, benchmarks/estimate_equivalence.py). Rows are computed in groups
-of one (PP, VPP, full-recompute method), so no group carries padding; the per-stage records a caller reads are
-``[rows, stages]`` arrays padded to the batch's largest PP, with the mask ``BatchEstimate.stage``. Coefficients are
-chosen as ``estimate()`` chooses them: ``coefficients_for`` the cluster's GPU when ``coef`` is None. No layout rule
-is checked (``estimate(..., check_layout=False)``).
+per-layer costs and times once per distinct shape (``batch_tables``, by the per-layer functions), the per-stage
+step-time parts (``batch_time``) and memory terms (``batch_memory``), accumulated in the deleted scalar composition's
+order so that every term equals what it gave (tests/test_batch_engine.py's and tests/test_batch_moe.py's frozen
+references, benchmarks/estimate_equivalence.py against bb2a96d). Rows are computed in groups of one (PP, VPP,
+full-recompute method), so no group carries padding; the per-stage records a caller reads are ``[rows, stages]`` arrays
+padded to the batch's largest PP, with the mask ``BatchEstimate.stage``. Coefficients are chosen as ``estimate()``
+chooses them: ``coefficients_for`` the cluster's GPU when ``coef`` is None. No layout rule is checked (``estimate(...,
+check_layout=False)``).
 
-The rows the array engine does not cover are estimated by the scalar composition (``estimate_parts``) row by row and
-written into the same arrays: ``scalar_rows`` decides which (one place), and ``BatchEstimate.scalar_rows`` says
-which rows went that way: none now. MoE models (routed and shared experts, router, EP / ETP, the dispatchers, the
-expert all-to-all overlap, expert memory: ``batch_moe``), low-precision GEMMs (``batch_precision``, the routed experts'
-included) and multi-token prediction (``batch_mtp``, MoE-kind MTP layers included) are all in the arrays.
+Every row goes through the arrays; there is no other composition. MoE models (routed and shared experts, router,
+EP / ETP, the dispatchers, the expert all-to-all overlap, expert memory: ``batch_moe``), low-precision GEMMs
+(``batch_precision``, the routed experts' included) and multi-token prediction (``batch_mtp``, MoE-kind MTP layers
+included) are arrays like the dense terms. ``estimate()`` is a batch of one read through typed records (``terms``).
 """
 
 from __future__ import annotations
@@ -50,10 +50,7 @@ from attune.estimator.batch_time import (
     stage_params,
     stage_times,
 )
-from attune.estimator.compose import estimate_parts
-from attune.estimator.memory import MemoryEstimate
 from attune.estimator.metrics import model_flops_utilization
-from attune.estimator.performance import PerfEstimate
 from attune.spec.columns import LayoutColumns
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster, GiB
@@ -65,13 +62,28 @@ from .coefficients import Coefficients, coefficients_for
 
 @dataclass(frozen=True)
 class StagePiece:
-    """The per-stage records of some rows of a batch (one (PP, VPP) group, or one scalar row)."""
+    """The per-stage records of some rows of a batch (one (PP, VPP, recompute method) group)."""
 
     rows: np.ndarray
     """Their row numbers in the batch."""
     stage: np.ndarray
     time: BatchStageTime
     memory: BatchStageMemory
+    layers: np.ndarray
+    """[rows, stages] decoder layers of each stage."""
+
+    def values(self, name: str) -> np.ndarray:
+        """[rows, stages] one per-stage term by name: a ``BatchStageTime`` or ``BatchStageMemory`` field, or a named
+        overhead (0 where the rows have none)."""
+        if name in _TIME_NAMES:
+            return getattr(self.time, name)
+        if name in _MEMORY_NAMES:
+            return getattr(self.memory, name)
+        return self.memory.overheads.get(name, np.zeros_like(self.memory.params))
+
+    def renumber(self, rows: np.ndarray) -> "StagePiece":
+        """The same records for other row numbers (a batch merged from pieces)."""
+        return replace(self, rows=rows)
 
 
 class BatchEstimate:
@@ -82,8 +94,7 @@ class BatchEstimate:
     def __init__(self, *, step: BatchStep, tokens_per_s_per_gpu: np.ndarray, mfu: np.ndarray,
                  usd_per_million_tokens: np.ndarray, peak_gib: np.ndarray, peak_allocated_gib: np.ndarray,
                  peak_reserved_gib: np.ndarray, peak_stage: np.ndarray, host_needed_gib: np.ndarray,
-                 host_capacity_gib: float, capacity_gib: float, fits: np.ndarray, scalar_rows: np.ndarray,
-                 pieces: list[StagePiece]) -> None:
+                 host_capacity_gib: float, capacity_gib: float, fits: np.ndarray, pieces: list[StagePiece]) -> None:
         self.step = step
         """Per row: pipeline, bubble, exposed DP communication, optimizer, overhead, step time, critical stage."""
         self.tokens_per_s_per_gpu, self.mfu = tokens_per_s_per_gpu, mfu
@@ -95,8 +106,6 @@ class BatchEstimate:
         self.host_needed_gib = host_needed_gib
         """CPU-offloaded optimizer state per node, GiB."""
         self.host_capacity_gib, self.capacity_gib, self.fits = host_capacity_gib, capacity_gib, fits
-        self.scalar_rows = scalar_rows
-        """[N] rows estimated by the scalar composition (``scalar_rows``), not the array engine."""
         self.pieces = pieces
 
     def __len__(self) -> int:
@@ -104,15 +113,15 @@ class BatchEstimate:
 
     @property
     def host_fits(self) -> np.ndarray:
-        """[N] the CPU-offloaded optimizer state fits in the nodes' host memory (``MemoryEstimate.host_fits``)."""
+        """[N] the CPU-offloaded optimizer state fits in the nodes' host memory (``terms.MemoryTerms.host_fits``)."""
         return self.host_needed_gib <= self.host_capacity_gib
 
     def terms(self, i: int) -> dict[str, float]:
-        """Every term of row i by name, as ``estimate_terms`` names a scalar estimate's (stage terms as
+        """Every term of row i by name, as ``terms.estimate_terms`` names a row's typed records' (stage terms as
         ``name[stage]``; a named overhead the stage does not have reads 0)."""
         st = self.step
         out = {k: float(getattr(st, k)[i]) for k in STEP_FIELDS}
-        out.update({k: float(getattr(self, k)[i]) for k in ROW_FIELDS if k != "scalar_rows"})
+        out.update({k: float(getattr(self, k)[i]) for k in ROW_FIELDS})
         out.update(critical_stage=float(st.critical_stage[i]), microbatches=float(st.microbatches[i]))
         for s in np.flatnonzero(self.stage[i]):
             out.update({f"{f.name}[{s}]": float(getattr(self.time, f.name)[i, s]) for f in fields(BatchStageTime)})
@@ -144,13 +153,18 @@ class BatchEstimate:
         if "time" in self.__dict__ or "memory" in self.__dict__:
             rec = self.time if name in _TIME_NAMES else self.memory
             return getattr(rec, name) if hasattr(rec, name) else rec.overheads[name]
-        if name in _TIME_NAMES:
-            parts = [getattr(p.time, name) for p in self.pieces]
-        elif name in _MEMORY_NAMES:
-            parts = [getattr(p.memory, name) for p in self.pieces]
-        else:
-            parts = [p.memory.overheads.get(name, np.zeros_like(p.memory.params)) for p in self.pieces]
-        return _merge_array(self._order, self._stages, parts)
+        if len(self.pieces) == 1 and np.array_equal(self.pieces[0].rows, np.arange(len(self))):
+            return self.pieces[0].values(name)  # one piece in row order: its own array (read, not written)
+        return _merge_array(self._order, self._stages, [p.values(name) for p in self.pieces])
+
+    def piece_of(self, i: int) -> tuple[StagePiece, int]:
+        """(the per-stage piece holding row i, the row's index in it): one row's records without assembling the
+        batch's (``terms.row_terms``)."""
+        for p in self.pieces:
+            at = np.flatnonzero(p.rows == i)
+            if at.size:
+                return p, int(at[0])
+        raise IndexError(f"row {i} of a batch of {len(self)}")
 
     @property
     def _order(self) -> np.ndarray:
@@ -162,45 +176,20 @@ class BatchEstimate:
 
 
 STEP_FIELDS = ("pipeline_s", "bubble_s", "dp_comm_s", "optimizer_s", "overhead_s", "step_time_s")
-"""The seconds of ``BatchStep`` that ``PerfEstimate`` has under the same names."""
-
-
-def estimate_terms(mem: MemoryEstimate, perf: PerfEstimate) -> dict[str, float]:
-    """Every term of a scalar estimate (``estimate_parts``) by the names ``BatchEstimate.terms`` gives a row's."""
-    out = {k: float(getattr(perf, k)) for k in STEP_FIELDS}
-    out.update(tokens_per_s_per_gpu=perf.tokens_per_s_per_gpu, mfu=perf.mfu,
-               usd_per_million_tokens=perf.usd_per_million_tokens, peak_gib=mem.peak_gib,
-               peak_allocated_gib=mem.peak_allocated_gib, peak_reserved_gib=mem.peak_reserved_gib,
-               peak_stage=float(mem.peak_stage), host_needed_gib=mem.host_needed_gib, fits=float(mem.fits),
-               critical_stage=float(perf.breakdown.critical_stage), microbatches=float(mem.batch.microbatches))
-    for s, (ts, ms) in enumerate(zip(perf.stages, mem.stages)):
-        out.update({f"{f.name}[{s}]": float(ts.parts[f.name] if f.name in ts.parts else getattr(ts, f.name))
-                    for f in fields(BatchStageTime)})
-        out.update({f"{f.name}[{s}]": float(getattr(ms, f.name)) for f in fields(BatchStageMemory)
-                    if f.name != "overheads"})
-        out.update({f"overhead.{k}[{s}]": float(v) for k, v in ms.overheads.items()})
-    return out
+"""The seconds of ``BatchStep`` that ``terms.PerfTerms`` has under the same names."""
 
 
 _TIME_NAMES = frozenset(f.name for f in fields(BatchStageTime))
 _MEMORY_NAMES = frozenset(f.name for f in fields(BatchStageMemory)) - {"overheads"}
 
 
-def scalar_rows(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, engine: Engine) -> np.ndarray:
-    """[N] the rows the array engine does not cover (the one place that decides): none. Dense and MoE models, bf16 /
-    fp16 and low-precision GEMMs (``batch_precision``, an MoE model's routed experts included), multi-token prediction
-    (``batch_mtp``, MoE-kind MTP layers: ``batch_moe``) are all arrays. Kept (all False) until the scalar composition
-    it routes to is deleted."""
-    return np.zeros(len(cols), dtype=bool)
-
-
 def _array_estimate(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: Workload, engine: Engine,
                     coef: Coefficients) -> BatchEstimate:
-    """The array engine on rows it covers: the shared tables once, then each group of rows of one (PP, VPP) and
+    """The array engine: the shared tables once, then each group of rows of one (PP, VPP) and
     full-recompute method (none, block, uniform), without padding (stages and chunks are whole arrays there, and
     only that recompute policy's terms are computed)."""
     _, tokens, _ = batching(cols, workload, engine)
-    # the performance model's coefficients: CPU BLAS saturates at smaller GEMMs (estimate_performance)
+    # the performance model's coefficients: CPU BLAS saturates at smaller GEMMs (as bb2a96d's estimate_performance)
     pcoef = replace(coef, gemm_half_dim=coef.cpu_gemm_half_dim) if cluster.gpu.is_cpu else coef
     kt = kind_tables(model, cluster, cols, tokens, workload, engine, pcoef)
     kn = knob_tables(model, cols, kt, engine)
@@ -223,7 +212,7 @@ def _group_estimate(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, wor
                     coef: Coefficients, kt: KindTables, kn: KnobTables, ot: OverheadTables,
                     pp_send: np.ndarray) -> BatchEstimate:
     """Rows of one (PP, VPP, recompute method): placement, per-stage times and memory, the step and the verdict."""
-    pl = place_batch(model, cols, workload, engine)
+    pl = _placement(model, cols, workload, engine)
     pcoef = replace(coef, gemm_half_dim=coef.cpu_gemm_half_dim) if cluster.gpu.is_cpu else coef
     mr = batch_moe.moe_rows(model, cols, pl, kt, TIME_KEYS, engine, pcoef)
     st = stage_times(model, cluster, cols, pl, kt, kn, pp_send, mr)
@@ -243,12 +232,39 @@ def _group_estimate(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, wor
     step_s = pipe + dp_s + opt + overhead
     mem = stage_memory(model, cluster, cols, engine, coef, pl, kt, kn, ot, params)
     step = BatchStep(pipe, bubble, dp_s, opt, overhead, step_s, crit, pl.microbatches)
-    return _finish(model, cluster, cols, workload, pl.stage, st, step, mem, np.zeros(len(cols), dtype=bool))
+    return _finish(model, cluster, cols, workload, pl.stage, st, step, mem, pl.layers.sum(axis=2))
+
+
+def _placement(model: ModelSpec, cols: LayoutColumns, workload: Workload, engine: Engine):
+    """``place_batch``, kept for small batches made of layouts (``estimate``, the calibration fit, the recalibration:
+    they ask for the same layouts again with other coefficients; the placement reads none)."""
+    source = cols.source() if len(cols) <= PLACEMENTS_KEPT_ROWS else None
+    if source is None:
+        return place_batch(model, cols, workload, engine)
+    key = (id(model), id(engine), workload, source)
+    hit = _PLACEMENTS.get(key)
+    if hit is None or hit[0] is not model or hit[1] is not engine:  # held: an id reused after collection misses
+        if len(_PLACEMENTS) >= 4096:
+            _PLACEMENTS.clear()
+        hit = _PLACEMENTS[key] = (model, engine, place_batch(model, cols, workload, engine))
+    return hit[2]
+
+
+_PLACEMENTS: dict[tuple, tuple] = {}
+
+
+def forget_placements() -> None:
+    """Drop the kept placements (``attune.estimator.forget``)."""
+    _PLACEMENTS.clear()
+
+
+PLACEMENTS_KEPT_ROWS = 256
+"""Batches up to this many layouts keep their placement (a search's table does not come through here)."""
 
 
 def _finish(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: Workload, stage: np.ndarray,
-            st: BatchStageTime, step: BatchStep, mem: BatchStageMemory, scalar: np.ndarray) -> BatchEstimate:
-    """Throughput, MFU, cost, peaks and the verdict from the per-stage terms (``MemoryEstimate``'s properties)."""
+            st: BatchStageTime, step: BatchStep, mem: BatchStageMemory, layers: np.ndarray) -> BatchEstimate:
+    """Throughput, MFU, cost, peaks and the verdict from the per-stage terms (``terms.MemoryTerms``' properties)."""
     gpu = cluster.gpu
     world = cols["tp"] * cols["pp"] * cols["cp"] * cols["dp"]
     tps = workload.tokens_per_step / step.step_time_s / world
@@ -267,32 +283,8 @@ def _finish(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: W
         peak_gib=peak, peak_allocated_gib=np.where(stage, mem.allocated_gib, -np.inf).max(axis=1),
         peak_reserved_gib=np.where(stage, mem.reserved_gib, -np.inf).max(axis=1), peak_stage=np.argmax(total, axis=1),
         host_needed_gib=host_needed, host_capacity_gib=host_cap, capacity_gib=capacity,
-        fits=(peak <= capacity) & (host_needed <= host_cap), scalar_rows=scalar,
-        pieces=[StagePiece(np.arange(len(peak)), stage, st, mem)])
-
-
-def _one_row(mem: MemoryEstimate, perf: PerfEstimate) -> BatchEstimate:
-    """A batch of one from the scalar composition's result (the rows ``scalar_rows`` selects)."""
-    row = lambda xs: np.array([xs], dtype=np.float64)  # noqa: E731
-    ms, ps = mem.stages, perf.stages
-    time = BatchStageTime(**{f.name: row([s.parts[f.name] if f.name in s.parts else getattr(s, f.name) for s in ps])
-                             for f in fields(BatchStageTime)})
-    names = list(dict.fromkeys(k for s in ms for k in s.overheads))
-    memory = BatchStageMemory(
-        **{f.name: row([getattr(s, f.name) for s in ms]) for f in fields(BatchStageMemory) if f.name != "overheads"},
-        overheads={k: row([s.overheads.get(k, 0.0) for s in ms]) for k in names})
-    b = perf.breakdown
-    step = BatchStep(row(perf.pipeline_s), row(perf.bubble_s), row(perf.dp_comm_s), row(perf.optimizer_s),
-                     row(perf.overhead_s), row(perf.step_time_s), np.array([b.critical_stage]),
-                     np.array([mem.batch.microbatches]))
-    return BatchEstimate(
-        step=step, tokens_per_s_per_gpu=row(perf.tokens_per_s_per_gpu), mfu=row(perf.mfu),
-        usd_per_million_tokens=row(perf.usd_per_million_tokens), peak_gib=row(mem.peak_gib),
-        peak_allocated_gib=row(mem.peak_allocated_gib), peak_reserved_gib=row(mem.peak_reserved_gib),
-        peak_stage=np.array([mem.peak_stage]), host_needed_gib=row(mem.host_needed_gib),
-        host_capacity_gib=mem.host_capacity_gib, capacity_gib=mem.capacity_gib, fits=np.array([mem.fits]),
-        scalar_rows=np.array([True]), pieces=[StagePiece(np.zeros(1, np.int64), np.ones((1, len(ms)), dtype=bool),
-                                                          time, memory)])
+        fits=(peak <= capacity) & (host_needed <= host_cap),
+        pieces=[StagePiece(np.arange(len(peak)), stage, st, mem, layers)])
 
 
 def _merge_array(order: np.ndarray, S: int, pieces: list[np.ndarray]) -> np.ndarray:
@@ -325,7 +317,7 @@ def _merge_record(cls, order: np.ndarray, S: int, pieces: list):
 
 
 ROW_FIELDS = ("tokens_per_s_per_gpu", "mfu", "usd_per_million_tokens", "peak_gib", "peak_allocated_gib",
-              "peak_reserved_gib", "peak_stage", "host_needed_gib", "fits", "scalar_rows")
+              "peak_reserved_gib", "peak_stage", "host_needed_gib", "fits")
 """The [rows] arrays of a BatchEstimate besides ``step``."""
 
 
@@ -335,7 +327,7 @@ def _merge(pieces: list[tuple[np.ndarray, BatchEstimate]]) -> BatchEstimate:
     order = np.concatenate([i for i, _ in pieces])
     ests = [b for _, b in pieces]
     row = {k: _merge_array(order, 1, [getattr(b, k) for b in ests]) for k in ROW_FIELDS}
-    stage_pieces = [StagePiece(i[p.rows], p.stage, p.time, p.memory) for i, b in pieces for p in b.pieces]
+    stage_pieces = [p.renumber(i[p.rows]) for i, b in pieces for p in b.pieces]
     return BatchEstimate(step=_merge_record(BatchStep, order, 1, [b.step for b in ests]),
                          host_capacity_gib=ests[0].host_capacity_gib, capacity_gib=ests[0].capacity_gib,
                          pieces=stage_pieces, **row)
@@ -344,20 +336,8 @@ def _merge(pieces: list[tuple[np.ndarray, BatchEstimate]]) -> BatchEstimate:
 def estimate_batch(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, workload: Workload, engine: Engine,
                    coef: Coefficients | None = None) -> BatchEstimate:
     """Memory and performance of every row of ``cols`` (no layout rule checked). Without ``coef``, the fitted set of
-    the cluster's GPU generation (``coefficients_for``), as ``estimate`` does. Rows ``scalar_rows`` selects go
-    through the scalar composition (``estimate_parts``), the others through the array engine."""
-    coef = coef if coef is not None else coefficients_for(cluster.gpu)
-    scalar = scalar_rows(model, cluster, cols, engine)
-    pieces: list[tuple[np.ndarray, BatchEstimate]] = []
-    if not scalar.all():
-        sub = cols if not scalar.any() else cols.take(~scalar)
-        est = _array_estimate(model, cluster, sub, workload, engine, coef)
-        if not scalar.any():
-            return est
-        pieces.append((np.flatnonzero(~scalar), est))
-    for i in np.flatnonzero(scalar):
-        mem, perf = estimate_parts(model, cluster, cols.layout(int(i)), workload, engine, coef)
-        pieces.append((np.array([i]), _one_row(mem, perf)))
-    if not pieces:
+    the cluster's GPU generation (``coefficients_for``), as ``estimate`` does."""
+    if not len(cols):
         raise LayoutError("estimate_batch: an empty batch (give at least one layout)")
-    return _merge(pieces)
+    coef = coef if coef is not None else coefficients_for(cluster.gpu)
+    return _array_estimate(model, cluster, cols, workload, engine, coef)

@@ -1,9 +1,9 @@
-"""Peak memory of a batch of layouts as arrays: ``memory._stage_bytes`` and ``estimate_memory`` over rows.
+"""Peak memory of a batch of layouts as arrays (what bb2a96d's scalar ``estimate_memory`` computed row by row).
 
 Per stage ``[rows, stages]``: the activations kept for the in-flight microbatches under the row's recompute policy
 (none / selective by module, full block, full uniform; activation offload), the backward transient, the logits; then
 weights, gradients and optimizer states by byte counts per parameter, the named fixed overheads (``batch_tables``),
-the optimizer step's own peak and fragmentation. Sums run in the scalar path's order.
+the optimizer step's own peak and fragmentation. Sums run in the deleted scalar composition's order.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def optimizer_bytes(cols: LayoutColumns, engine: Engine, fp32_training: bool) ->
 def stage_memory(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, engine: Engine, coef: Coefficients,
                  pl: BatchPlacement, kt: KindTables, kn: KnobTables, ot: OverheadTables,
                  params: np.ndarray) -> BatchStageMemory:
-    """Every stage's memory terms (``estimate_memory`` for dense layers, bf16 / fp16 or low-precision GEMMs, MTP; an
+    """Every stage's memory terms (bb2a96d's ``estimate_memory`` for dense layers, bf16 / fp16 or low-precision GEMMs, MTP; an
     MoE model's routed experts by ``batch_moe.expert_memory``)."""
     N, S = pl.stage.shape
     stored, rebuilt, work = stored_bytes(model, cols, pl, kt, kn)

@@ -6,9 +6,10 @@ time a routing sync exposes; the expert weights, gradients and optimizer states 
 data-parallel group, their DP communication and optimizer step) depends on a few fields besides the shape:
 ``MOE_FIELDS``. ``batch_tables.kind_tables`` groups the rows by them too (``moe_keys``) and calls ``moe_group`` once per
 group, which runs the scalar functions (``moe.with_expert_activations``, ``moe.moe_layer_times``,
-``moe.expert_activation_bytes``); the per-row, per-stage arithmetic that ``performance._pipeline``,
-``estimate_performance`` and ``estimate_memory`` do around them is here as arrays, in the scalar path's order, so every
-term equals ``estimate()``'s (tests/test_batch_moe.py). Dense models: ``moe_keys`` is empty and nothing here runs.
+``moe.expert_activation_bytes``); the per-row, per-stage arithmetic that bb2a96d's scalar composition
+(``performance._pipeline``, ``estimate_performance``, ``estimate_memory``, since deleted) did around them is here as
+arrays, in its order, so every term equals what it gave (tests/test_batch_moe.py's frozen reference).
+Dense models: ``moe_keys`` is empty and nothing here runs.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def _value_ids(col: np.ndarray) -> np.ndarray:
     if col.dtype == object:
         seen: dict = {}
         return np.array([seen.setdefault(v, len(seen)) for v in col], dtype=np.int64)
+    if len(col) and (col == col[0]).all():  # one value (a target's rows mostly share them): what np.unique gives
+        return np.zeros(len(col), dtype=np.int64)
     return np.unique(np.nan_to_num(col.astype(np.float64), nan=-1.0), return_inverse=True)[1].reshape(-1)
 
 
@@ -126,7 +129,7 @@ def moe_rows(model: ModelSpec, cols: LayoutColumns, pl: BatchPlacement, kt, time
 
 
 def add_chunk(parts: dict, mr: MoeRows, n: np.ndarray, nr: np.ndarray | None) -> None:
-    """Add one chunk's routed experts to the per-stage ``parts`` ([N, S] seconds), as ``performance._pipeline``
+    """Add one chunk's routed experts to the per-stage ``parts`` ([N, S] seconds), as bb2a96d's ``performance._pipeline``
     does after the chunk's layer kinds: compute, full recompute, exposed dispatch / combine (the unpaired share of
     the a2a overlap alone), the host launch time. ``n``: [N, S, K] the chunk's layers of each kind; ``nr``: of them
     recomputed in full (None: none)."""
@@ -186,7 +189,7 @@ def expert_dp_seconds(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, e
 def add_mtp_experts(parts: dict, model: ModelSpec, cols: LayoutColumns, pl: BatchPlacement, kt,
                     uniform: np.ndarray) -> None:
     """Add the routed experts of the last stage's MoE-kind MTP layers to its per-microbatch ``parts`` ([N, S]
-    seconds), as ``performance._mtp_parts`` does after the layer's TP / CP communication: compute, full uniform
+    seconds), as bb2a96d's ``performance._mtp_parts`` does after the layer's TP / CP communication: compute, full uniform
     recompute, dispatch / combine (no a2a overlap pairing, no host launch term). ``uniform``: [N] full uniform
     recompute."""
     nm = mtp_moe_layers(model, cols, pl)
@@ -203,7 +206,7 @@ def add_mtp_experts(parts: dict, model: ModelSpec, cols: LayoutColumns, pl: Batc
 
 
 def cast_shard(cols: LayoutColumns, pl: BatchPlacement, params: np.ndarray, ex_shard: np.ndarray) -> np.ndarray:
-    """[N] what ``estimate_performance`` adds to the largest stage's parameters for an MoE model's low-precision
+    """[N] what bb2a96d's ``estimate_performance`` adds to the largest stage's parameters for an MoE model's low-precision
     weight cast: the optimizer's whole shard (the largest stage's parameters over DP x CP with the distributed
     optimizer, plus the routed-expert shard ``expert_shard``)."""
     div = np.where(cols["distributed_optimizer"], cols["dp"] * cols["cp"], 1)
@@ -216,7 +219,7 @@ def edp(cols: LayoutColumns) -> np.ndarray:
 
 
 def expert_shard(model: ModelSpec, cols: LayoutColumns, pl: BatchPlacement, ex: np.ndarray) -> np.ndarray:
-    """[N] the optimizer's routed-expert shard (``estimate_performance``: the stage with the most MoE layers, over
+    """[N] the optimizer's routed-expert shard (bb2a96d's ``estimate_performance``: the stage with the most MoE layers, over
     the expert data-parallel group with the distributed optimizer)."""
     most = np.where(pl.stage, ex, -np.inf).max(axis=1)
     return most / np.where(cols["distributed_optimizer"], edp(cols), 1)
@@ -230,7 +233,7 @@ def expert_columns(cols: LayoutColumns) -> LayoutColumns:
 @dataclass
 class ExpertMemory:
     """The routed experts' memory terms of each stage, ``[rows, stages]``: parameters, and bytes of the states
-    in the order ``estimate_memory`` adds them."""
+    in the order bb2a96d's ``estimate_memory`` adds them."""
 
     params: np.ndarray
     state_b: np.ndarray  # ex x (weight + grad + optimizer bytes)
@@ -266,7 +269,7 @@ def expert_act_bytes(model: ModelSpec, cols: LayoutColumns, engine: Engine, kt, 
 
 def stored_layer_counts(cols: LayoutColumns, pl: BatchPlacement) -> np.ndarray:
     """[N, S] layers of each stage that keep their full activations under the recompute policy
-    (``memory._stored_layers``)."""
+    (bb2a96d's ``memory._stored_layers``)."""
     layers = pl.layers
     full = cols["recompute_granularity"] == "full"
     block = full & (cols["recompute_method"] == "block")
@@ -277,7 +280,7 @@ def stored_layer_counts(cols: LayoutColumns, pl: BatchPlacement) -> np.ndarray:
 
 def expert_memory(model: ModelSpec, cols: LayoutColumns, engine: Engine, pl: BatchPlacement, kt, kn,
                   opt_bytes, fp32_training: bool, act_scale: float) -> ExpertMemory | None:
-    """The routed experts' memory of every stage (``estimate_memory``'s expert terms); None for a dense model.
+    """The routed experts' memory of every stage (bb2a96d's ``estimate_memory``'s expert terms); None for a dense model.
     ``opt_bytes``: ``batch_memory.optimizer_bytes`` (called on the expert columns)."""
     if model.moe is None:
         return None

@@ -1,5 +1,6 @@
 """Multi-token prediction (``Layout.mtp_layers``, megatron-core's MTP block) over a batch of layouts: the array
-engine's side of ``performance._mtp_parts`` and the MTP terms of ``memory._stage_bytes`` / ``placement.stage_params``.
+engine's side of bb2a96d's ``performance._mtp_parts`` and the MTP terms of its ``memory._stage_bytes`` /
+``placement.stage_params``.
 
 The MTP layers sit on the last pipeline stage. Per MTP layer: one transformer layer of the model's last layer's kind
 (its per-layer time, saved tensors and parameters are the kind tables' own, low-precision GEMMs included), eh_proj
@@ -78,7 +79,7 @@ def _rows(model: ModelSpec, cols: LayoutColumns, pl) -> tuple[np.ndarray, int, n
 
 def add_mtp_times(parts: dict, model: ModelSpec, cols: LayoutColumns, pl, kt, kn) -> None:
     """Add the last stage's MTP layers to its per-microbatch ``parts`` ([N, S] seconds, ``performance.PARTS``),
-    in ``performance._mtp_parts``' order: the layer's compute, its recompute (full uniform: its forward and eh_proj;
+    in bb2a96d's ``performance._mtp_parts``' order: the layer's compute, its recompute (full uniform: its forward and eh_proj;
     selective: the recomputed modules), its TP / CP communication, eh_proj and the output layer (GEMMs), the loss."""
     n, j, uniform, selective = _rows(model, cols, pl)
     t = kt.times[kt.gid, j].T  # TIME_KEYS x rows
@@ -110,7 +111,7 @@ def add_mtp_times(parts: dict, model: ModelSpec, cols: LayoutColumns, pl, kt, kn
 def mtp_memory(model: ModelSpec, cols: LayoutColumns, pl, kt, kn, rebuilt: np.ndarray,
                work: np.ndarray) -> tuple[np.ndarray, ...]:
     """(rebuilt, backward working set, MTP activation bytes, MTP logits bytes), [N, S] per stage and microbatch
-    (``memory._stage_bytes``): the MTP layers' saved tensors (full uniform recompute: the two inputs and what runs
+    (bb2a96d's ``memory._stage_bytes``): the MTP layers' saved tensors (full uniform recompute: the two inputs and what runs
     outside the checkpoint; selective: less what it frees), what their backward rebuilds and works on, and each
     MTP loss's fp32 logits."""
     n, j, uniform, selective = _rows(model, cols, pl)

@@ -57,10 +57,21 @@ class BatchPlacement:
 
 
 def kind_prefix(model: ModelSpec) -> np.ndarray:
-    """[K, layers + 1] prefix counts of each layer kind (``ModelSpec.kinds`` order)."""
-    seq = np.array([model.kinds.index(model.layer_kind(i)) for i in range(model.num_layers)], dtype=np.int64)
-    onehot = seq[None, :] == np.arange(len(model.kinds))[:, None]
-    return np.concatenate([np.zeros((len(model.kinds), 1), np.int64), np.cumsum(onehot, axis=1)], axis=1)
+    """[K, layers + 1] prefix counts of each layer kind (``ModelSpec.kinds`` order), read-only; once per model (a
+    batch of one would otherwise pay for it on every estimate)."""
+    hit = _PREFIX.get(id(model))
+    if hit is None or hit[0] is not model:  # the held model makes an id reused after garbage collection a miss
+        if len(_PREFIX) >= 256:
+            _PREFIX.clear()
+        seq = np.array([model.kinds.index(model.layer_kind(i)) for i in range(model.num_layers)], dtype=np.int64)
+        onehot = seq[None, :] == np.arange(len(model.kinds))[:, None]
+        prefix = np.concatenate([np.zeros((len(model.kinds), 1), np.int64), np.cumsum(onehot, axis=1)], axis=1)
+        prefix.setflags(write=False)
+        hit = _PREFIX[id(model)] = (model, prefix)
+    return hit[1]
+
+
+_PREFIX: dict[int, tuple[ModelSpec, np.ndarray]] = {}
 
 
 def kinds_between(prefix: np.ndarray, start: np.ndarray, stop: np.ndarray) -> np.ndarray:

@@ -47,6 +47,8 @@ def object_ids(col: np.ndarray) -> np.ndarray:
 
 def group_ids(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(group per row, first row of each group) for rows equal on every column (int / bool arrays)."""
+    if len(cols[0]) == 1:  # a batch of one (``estimate``): one group
+        return np.zeros(1, np.int64), np.zeros(1, np.int64)
     code = np.zeros(len(cols[0]), dtype=np.int64)
     for c in cols:
         c = c.astype(np.int64)
@@ -97,7 +99,7 @@ class KindTables:
 
 def kind_tables(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, tokens: np.ndarray, workload: Workload,
                 engine: Engine, coef: Coefficients) -> KindTables:
-    """Layer costs and times per group of rows sharing a Shape and TP overlap (``performance._pipeline``'s), and for
+    """Layer costs and times per group of rows sharing a Shape and TP overlap (bb2a96d's ``performance._pipeline``'s), and for
     an MoE model the fields its routed experts read (``batch_moe.MOE_FIELDS``)."""
     gpu = cluster.gpu
     peak = gpu.bf16_tflops * 1e12 * peak_ratio(gpu, coef)

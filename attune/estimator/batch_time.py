@@ -1,10 +1,10 @@
-"""Step time of a batch of layouts as arrays: ``performance._pipeline`` and ``estimate_performance`` over rows.
+"""Step time of a batch of layouts as arrays (what bb2a96d's scalar ``estimate_performance`` computed row by row).
 
 Per stage and microbatch, the parts of ``performance.PARTS`` as ``[rows, stages]`` arrays, accumulated chunk by chunk
-and layer kind by layer kind in the scalar path's order (so every sum is the same floating-point sum; absent chunks and
+and layer kind by layer kind in the deleted scalar composition's order (so every sum is the same floating-point sum; absent chunks and
 kinds add exact zeros); then the pipeline schedule, its one bubble, the DP communication and the optimizer step.
 Covers dense, GDN-hybrid and MoE models (routed experts: ``batch_moe``) in bf16 / fp16 and with low-precision GEMMs
-(``batch_precision``), with their multi-token-prediction layers (``batch_mtp``); ``batch.scalar_rows`` selects no row.
+(``batch_precision``), with their multi-token-prediction layers (``batch_mtp``).
 The per-layer times come from the scalar functions through ``batch_tables``.
 """
 
@@ -95,7 +95,7 @@ def link_bytes_per_s(span: np.ndarray, cluster: Cluster, coef: Coefficients) -> 
 
 def pp_send_seconds(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, tokens: np.ndarray, engine: Engine,
                     coef: Coefficients) -> np.ndarray:
-    """[N] one PP send or receive per chunk boundary, exposed seconds (``performance._pipeline``)."""
+    """[N] one PP send or receive per chunk boundary, exposed seconds (bb2a96d's ``performance._pipeline``)."""
     tp, sp, cp, dp, p, v = (cols[k] for k in ("tp", "sp", "cp", "dp", "pp", "vpp"))
     scatter = (tp > 1) & ~sp & engine.p2p_scatter_gather
     pp_bytes = BF16 * tokens * model.hidden / np.where(sp | scatter, tp, 1)
@@ -158,7 +158,7 @@ def _offload_exposed(n: np.ndarray, nr: np.ndarray, T: np.ndarray, off: np.ndarr
 
 def stage_times(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, pl: BatchPlacement, kt: KindTables,
                 kn: KnobTables, pp_send: np.ndarray, mr: MoeRows | None = None) -> BatchStageTime:
-    """Per stage and microbatch: ``performance._pipeline``'s per-stage loop over rows (``mr``: an MoE model's
+    """Per stage and microbatch: bb2a96d's ``performance._pipeline``'s per-stage loop over rows (``mr``: an MoE model's
     routed experts, ``batch_moe.moe_rows``)."""
     N, S, C, K = pl.kinds.shape
     T, rs, off = kt.times[kt.gid], kn.seconds[kn.gid], kn.offloaded_time[kn.gid]
@@ -233,7 +233,7 @@ def pipeline(st: BatchStageTime, pl: BatchPlacement) -> tuple[np.ndarray, np.nda
 
 
 def grad_bytes(cols: LayoutColumns, engine: Engine) -> np.ndarray:
-    """[N] bytes per gradient element the DP reduction moves (``estimate_performance``)."""
+    """[N] bytes per gradient element the DP reduction moves (bb2a96d's ``estimate_performance``)."""
     fp16_grads = (cols["precision"] == "fp16") & (not engine.fp16_grads_in_fp32)
     return np.where(fp16_grads | (not engine.grad_reduce_in_fp32), BF16, FP32)
 
@@ -250,23 +250,26 @@ def dp_seconds(cluster: Cluster, cols: LayoutColumns, engine: Engine, coef: Coef
     bw = link_bytes_per_s(d * tp, cluster, coef)
     bucket = np.maximum(DDP_BUCKET_MIN_PARAMS, DDP_BUCKET_PARAMS_PER_DP_RANK * d)
     lat = coef.collective_latency_s
-    dp_s, drain = np.zeros(len(d)), np.zeros(len(d))
-    for s in range(params.shape[1]):
-        p, bwd, fwd = params[:, s], st.backward_s[:, s], st.forward_s[:, s]
-        n_buckets = np.maximum(1.0, p / bucket)
-        t_rs = np.where(dist, p * (d - 1) / d * gb / bw + lat, 2 * p * (d - 1) / d * gb / bw + lat)
-        t_ag = np.where(dist, p * (d - 1) / d * ag_bytes / bw + lat, 0.0)
-        t_rs = np.where(ov_grad, np.maximum(t_rs - bwd - drain, t_rs / n_buckets), t_rs)
-        t_ag = np.where(ov_param, np.maximum(t_ag - fwd, t_ag / n_buckets), t_ag)
-        dp_s = np.where(pl.stage[:, s], np.maximum(dp_s, t_rs + t_ag + (0.0 if expert_s is None else expert_s[:, s])),
-                        dp_s)
-        drain = drain + bwd
-    return np.where(d > 1, dp_s, 0.0)
+    # every stage at once ([N, S]); drain = the backward of the stages before (an exclusive running sum, added in
+    # stage order as the per-stage loop did: cumsum is sequential)
+    p, bwd, fwd = params, st.backward_s, st.forward_s
+    drain = np.zeros_like(bwd)
+    np.cumsum(bwd[:, :-1], axis=1, out=drain[:, 1:])
+    d, gb, ag_bytes, bw, dist, ov_grad, ov_param, bucket = (x[:, None] if np.ndim(x) else x for x in (
+        d, gb, ag_bytes, bw, dist, ov_grad, ov_param, bucket))
+    n_buckets = np.maximum(1.0, p / bucket)
+    t_rs = np.where(dist, p * (d - 1) / d * gb / bw + lat, 2 * p * (d - 1) / d * gb / bw + lat)
+    t_ag = np.where(dist, p * (d - 1) / d * ag_bytes / bw + lat, 0.0)
+    t_rs = np.where(ov_grad, np.maximum(t_rs - bwd - drain, t_rs / n_buckets), t_rs)
+    t_ag = np.where(ov_param, np.maximum(t_ag - fwd, t_ag / n_buckets), t_ag)
+    per_stage = t_rs + t_ag + (0.0 if expert_s is None else expert_s)
+    dp_s = np.where(pl.stage, per_stage, 0.0).max(axis=1, initial=0.0)  # max: order-free, exact
+    return np.where(cols["dp"] * cols["cp"] > 1, dp_s, 0.0)
 
 
 def optimizer_seconds(cluster: Cluster, cols: LayoutColumns, engine: Engine, coef: Coefficients,
                       pl: BatchPlacement, params: np.ndarray, expert_shard: np.ndarray | None = None) -> np.ndarray:
-    """[N] the optimizer step on the GPU and / or the CPU with its PCIe copies (``estimate_performance``;
+    """[N] the optimizer step on the GPU and / or the CPU with its PCIe copies (bb2a96d's ``estimate_performance``;
     ``expert_shard``: an MoE model's routed-expert shard, ``batch_moe.expert_shard``)."""
     gpu = cluster.gpu
     dist = cols["distributed_optimizer"]

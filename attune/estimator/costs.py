@@ -184,6 +184,41 @@ def _full(m: ModelSpec, e: Engine, s: Shape, kind: str = FULL) -> LayerCost:
     q, kv = m.q_dim, m.kv_dim
     f = m.mlp_width(kind)
     gate = m.attn_output_gate
+    saved, freed = _full_attention_saved(m, e, s, hd)
+    saved += _te_mlp(T, m, t, hd, f)
+    q_out = q * (2 if gate else 1)
+    mlp_n = _fc1(m, f)
+    gemm = (
+        (2 * T * h * (q_out + 2 * kv) / t, min(T, h, (q_out + 2 * kv) / t)),
+        (2 * T * q * h / t, min(T, h, q / t)),
+        (2 * T * h * mlp_n / t, min(T, h, mlp_n / t)),
+        (2 * T * f * h / t, min(T, h, f / t)),
+    )
+    # causal attention: 2 GEMMs (QK^T, PV), 2 FLOPs per multiply-add, over the attended keys (half the context
+    # on average; about the window for sliding-window layers): Megatron's 6*q*L counts fwd+bwd
+    attn = 4 * T * q * attended_keys(m, kind, s.seq) / t
+    work = _full_bwd_work(m, e, s, hd, f)
+    p = m.kind_params(kind)
+    kv_cp = (s.cp - 1) * 2 * T * kv * BF16 / t if s.cp > 1 else 0.0  # ring KV exchange per GPU
+    n_coll = (4 if s.sp else 2) if t > 1 else 0
+    # backward under SP: 2 reduce-scatters (column dgrad) + 2 all-gathers (row output grads); the 2 all-gathers
+    # re-gathering the column-parallel inputs for wgrad run async under the dgrad GEMM (reference
+    # megatron-memory-and-performance.md 7.1, tensor_parallel/layers.py)
+    n_bwd = (4 if s.sp else 2) if t > 1 else 0
+    return LayerCost(
+        saved=tuple(saved), input_bytes=T * BF16 * h / hd, bwd_work_bytes=work, gemm=gemm, attn_flops=attn,
+        gdn_flops=0.0, tp_coll_fwd=n_coll, tp_coll_bwd=n_bwd, tp_coll_bytes=BF16 * T * h, tp_allreduce=not s.sp,
+        cp_bytes=kv_cp, params_on_gpu=p.matrix / t + p.vectors, selective_freed_bytes=freed,
+        async_dgrad_gemms=(0, 2) if t > 1 else (),  # the qkv and fc1 linears
+    )
+
+
+def _full_attention_saved(m: ModelSpec, e: Engine, s: Shape, hd: int) -> tuple[list[Saved], float]:
+    """(what a softmax-attention layer saves for backward before its MLP, the bytes selective recompute of core
+    attention frees)."""
+    t, T, h = s.tp, s.tokens, m.hidden
+    q, kv = m.q_dim, m.kv_dim
+    gate = m.attn_output_gate
     saved = _te_norm_linear(T, m, hd, "attention")
     if m.qk_norm:
         # per-head RMSNorm on q and k before rotary (TE/megatron-core q_layernorm, k_layernorm): saves its input
@@ -220,18 +255,13 @@ def _full(m: ModelSpec, e: Engine, s: Shape, kind: str = FULL) -> LayerCost:
         # operands (the core output is the FlashAttention output above); the product feeds the out-projection
         saved += [Saved("output-gate sigmoid output", T * BF16 * q / t),
                   Saved("gated attention output (out-projection input)", T * BF16 * q / t)]
-    saved += _te_mlp(T, m, t, hd, f)
-    q_out = q * (2 if gate else 1)
-    mlp_n = _fc1(m, f)
-    gemm = (
-        (2 * T * h * (q_out + 2 * kv) / t, min(T, h, (q_out + 2 * kv) / t)),
-        (2 * T * q * h / t, min(T, h, q / t)),
-        (2 * T * h * mlp_n / t, min(T, h, mlp_n / t)),
-        (2 * T * f * h / t, min(T, h, f / t)),
-    )
-    # causal attention: 2 GEMMs (QK^T, PV), 2 FLOPs per multiply-add, over the attended keys (half the context
-    # on average; about the window for sliding-window layers): Megatron's 6*q*L counts fwd+bwd
-    attn = 4 * T * q * attended_keys(m, kind, s.seq) / t
+    return saved, freed
+
+
+def _full_bwd_work(m: ModelSpec, e: Engine, s: Shape, hd: int, f: int) -> float:
+    """A softmax-attention layer's backward working set, bytes."""
+    t, T, h = s.tp, s.tokens, m.hidden
+    q, kv = m.q_dim, m.kv_dim
     # backward: FlashAttention's dq, dk, dv, d(out) plus its fp32 dq accumulator; or the MLP's gradients; plus the
     # incoming and outgoing residual-stream gradients and, under SP, the re-gathered full-sequence GEMM input
     attn_work = T * (BF16 * (2 * q + 2 * kv) + FP32 * q) / t
@@ -240,19 +270,7 @@ def _full(m: ModelSpec, e: Engine, s: Shape, kind: str = FULL) -> LayerCost:
         attn_work += 2 * BF16 * (T / s.seq) * m.heads * s.seq * s.seq / t
     sp_gather = T * BF16 * h * (hd > 1)
     work = max(attn_work, _mlp_bwd_work(T, m, t, f)) + 2 * T * BF16 * h / hd + sp_gather
-    p = m.kind_params(kind)
-    kv_cp = (s.cp - 1) * 2 * T * kv * BF16 / t if s.cp > 1 else 0.0  # ring KV exchange per GPU
-    n_coll = (4 if s.sp else 2) if t > 1 else 0
-    # backward under SP: 2 reduce-scatters (column dgrad) + 2 all-gathers (row output grads); the 2 all-gathers
-    # re-gathering the column-parallel inputs for wgrad run async under the dgrad GEMM (reference
-    # megatron-memory-and-performance.md 7.1, tensor_parallel/layers.py)
-    n_bwd = (4 if s.sp else 2) if t > 1 else 0
-    return LayerCost(
-        saved=tuple(saved), input_bytes=T * BF16 * h / hd, bwd_work_bytes=work, gemm=gemm, attn_flops=attn,
-        gdn_flops=0.0, tp_coll_fwd=n_coll, tp_coll_bwd=n_bwd, tp_coll_bytes=BF16 * T * h, tp_allreduce=not s.sp,
-        cp_bytes=kv_cp, params_on_gpu=p.matrix / t + p.vectors, selective_freed_bytes=freed,
-        async_dgrad_gemms=(0, 2) if t > 1 else (),  # the qkv and fc1 linears
-    )
+    return work
 
 
 def _mla(m: ModelSpec, e: Engine, s: Shape, kind: str) -> LayerCost:
@@ -296,40 +314,8 @@ def _gdn(m: ModelSpec, e: Engine, s: Shape, kind: str = LINEAR) -> LayerCost:
     mix_t = 1 if rep else t  # slime: the GDN mixer is not split by TP ...
     Tm = T * s.cp if rep else T  # ... nor by CP: every rank runs the whole CP-group sequence
     vd, conv, vh, dk, dv = m.lin_value_dim, m.lin_conv_dim, m.lin_v_heads, m.lin_k_dim, m.lin_v_dim
-    saved: list[Saved] = []
-    if e.gdn_fp32_norm_copies:
-        # slime's Qwen3NextRMSNorm in python (HF): x.float() is saved by the square/multiply, the fp32 normalised
-        # tensor by the (1 + weight) multiply, plus the fp32 rsqrt; the bf16 output is the in_proj input
-        # (slime-and-qwen.md 4.3). It runs after the SP all-gather: full sequence on every TP rank.
-        saved += [Saved("GDN input RMSNorm fp32 copy of x (HF python norm)", Tm * FP32 * h),
-                  Saved("GDN input RMSNorm fp32 normalised x", Tm * FP32 * h),
-                  Saved("GDN input RMSNorm rsqrt (fp32)", Tm * FP32),
-                  Saved("GDN in_proj input (norm output, shared by in_proj_qkv / z / b / a)", Tm * BF16 * h)]
-    else:
-        # megatron-core GDN: in_proj is TE's fused LayerNormLinear (sequence-sharded under SP)
-        saved += _te_norm_linear(T, m, hd, "GDN")
-    # per-head tensors, divided by TP in megatron-core (head-parallel), whole in slime's replicated plugin.
-    # chunk_gated_delta_rule (fla/ops/gated_delta_rule/chunk.py ChunkGatedDeltaRuleFunction.forward) saves
-    # q, q_rstd, k, k_rstd, v, g (chunk-local cumsum, fp32), beta, beta_raw (the same tensor unless the
-    # sigmoid is in the kernel), A (WY inverse, [T, H, 64] in k.dtype); input_guard makes q/k/v contiguous
-    # copies, so the conv output itself is freed. The chunk states h are recomputed in backward, not saved.
-    per_head = [
-        Saved("causal_conv1d input: pre-conv q, k, v (FLA ShortConvolution saves x)", Tm * BF16 * conv),
-        Saved("z output gate (saved by the gated norm)", Tm * BF16 * vd),
-        Saved("q, k repeated to the value heads, l2-normalised (saved by chunk_gated_delta_rule)",
-              Tm * BF16 * 2 * vh * dk),
-        Saved("q, k l2norm rstd (fp32)", Tm * FP32 * 2 * vh),
-        Saved("v (saved by chunk_gated_delta_rule)", Tm * BF16 * vd),
-        # g = -exp(A_log) * softplus(a.float() + dt_bias): softplus saves its fp32 input, the product its fp32
-        # softplus output; the kernel saves the fp32 chunk cumsum of g
-        Saved("gate g: softplus input, softplus output, chunk cumsum (fp32)", Tm * FP32 * 3 * vh),
-        Saved("beta = sigmoid(b) (one tensor saved as beta and beta_raw)", Tm * BF16 * vh),
-        Saved("A: WY-representation inverse per 64-token chunk", Tm * BF16 * vh * GDN_CHUNK),
-        # FusedRMSNormGated (fla/modules/fused_norm_gate.py) saves its input o, the gate z (above) and rstd
-        Saved("kernel output o (gated-norm input)", Tm * BF16 * vd),
-        Saved("gated-norm rstd (fp32)", Tm * FP32 * vh),
-        Saved("gated-norm output (out_proj input)", Tm * BF16 * vd),
-    ]
+    saved = _gdn_input_saved(m, e, T, Tm, hd)
+    per_head = _gdn_mixer_saved(m, Tm)
     saved += [Saved(x.name, x.bytes / mix_t) for x in per_head]
     saved += _te_mlp(T, m, t, hd, f)
     in_n = conv + vd + 2 * vh
@@ -355,6 +341,64 @@ def _gdn(m: ModelSpec, e: Engine, s: Shape, kind: str = LINEAR) -> LayerCost:
     wgrad = BF16 * p.mixer_matrix if rep else 0.0
     work = (max(states + mixer_saved + wgrad, _mlp_bwd_work(T, m, t, f)) + 2 * T * BF16 * h / hd
             + T * BF16 * h * (hd > 1))
+    fwd, bwd, cp_bytes = _gdn_collectives(s, rep, T, Tm, h, conv + vd)
+    return LayerCost(
+        saved=tuple(saved), input_bytes=T * BF16 * h / hd, bwd_work_bytes=work, gemm=gemm, attn_flops=0.0,
+        gdn_flops=gdn, tp_coll_fwd=fwd, tp_coll_bwd=bwd, tp_coll_bytes=BF16 * T * h, tp_allreduce=not s.sp,
+        cp_bytes=cp_bytes, params_on_gpu=(p.mixer_matrix / mix_t) + p.mlp_matrix / t + p.vectors,
+        # fc1; the mixer's input projection too where it is TP-split (slime's replicated HF GDN has no TP dgrad)
+        async_dgrad_gemms=(() if t == 1 else (2,) if rep else (0, 2)),
+    )
+
+
+def _gdn_input_saved(m: ModelSpec, e: Engine, T: float, Tm: float, hd: int) -> list[Saved]:
+    """The GDN layer's input norm and in_proj input, saved for backward (``Tm``: tokens the mixer runs on)."""
+    h = m.hidden
+    saved: list[Saved] = []
+    if e.gdn_fp32_norm_copies:
+        # slime's Qwen3NextRMSNorm in python (HF): x.float() is saved by the square/multiply, the fp32 normalised
+        # tensor by the (1 + weight) multiply, plus the fp32 rsqrt; the bf16 output is the in_proj input
+        # (slime-and-qwen.md 4.3). It runs after the SP all-gather: full sequence on every TP rank.
+        saved += [Saved("GDN input RMSNorm fp32 copy of x (HF python norm)", Tm * FP32 * h),
+                  Saved("GDN input RMSNorm fp32 normalised x", Tm * FP32 * h),
+                  Saved("GDN input RMSNorm rsqrt (fp32)", Tm * FP32),
+                  Saved("GDN in_proj input (norm output, shared by in_proj_qkv / z / b / a)", Tm * BF16 * h)]
+    else:
+        # megatron-core GDN: in_proj is TE's fused LayerNormLinear (sequence-sharded under SP)
+        saved += _te_norm_linear(T, m, hd, "GDN")
+    return saved
+
+
+def _gdn_mixer_saved(m: ModelSpec, Tm: float) -> list[Saved]:
+    """The GDN mixer's saved tensors, whole (the caller divides them by the mixer's TP split)."""
+    vd, conv, vh, dk = m.lin_value_dim, m.lin_conv_dim, m.lin_v_heads, m.lin_k_dim
+    # per-head tensors, divided by TP in megatron-core (head-parallel), whole in slime's replicated plugin.
+    # chunk_gated_delta_rule (fla/ops/gated_delta_rule/chunk.py ChunkGatedDeltaRuleFunction.forward) saves
+    # q, q_rstd, k, k_rstd, v, g (chunk-local cumsum, fp32), beta, beta_raw (the same tensor unless the
+    # sigmoid is in the kernel), A (WY inverse, [T, H, 64] in k.dtype); input_guard makes q/k/v contiguous
+    # copies, so the conv output itself is freed. The chunk states h are recomputed in backward, not saved.
+    return [
+        Saved("causal_conv1d input: pre-conv q, k, v (FLA ShortConvolution saves x)", Tm * BF16 * conv),
+        Saved("z output gate (saved by the gated norm)", Tm * BF16 * vd),
+        Saved("q, k repeated to the value heads, l2-normalised (saved by chunk_gated_delta_rule)",
+              Tm * BF16 * 2 * vh * dk),
+        Saved("q, k l2norm rstd (fp32)", Tm * FP32 * 2 * vh),
+        Saved("v (saved by chunk_gated_delta_rule)", Tm * BF16 * vd),
+        # g = -exp(A_log) * softplus(a.float() + dt_bias): softplus saves its fp32 input, the product its fp32
+        # softplus output; the kernel saves the fp32 chunk cumsum of g
+        Saved("gate g: softplus input, softplus output, chunk cumsum (fp32)", Tm * FP32 * 3 * vh),
+        Saved("beta = sigmoid(b) (one tensor saved as beta and beta_raw)", Tm * BF16 * vh),
+        Saved("A: WY-representation inverse per 64-token chunk", Tm * BF16 * vh * GDN_CHUNK),
+        # FusedRMSNormGated (fla/modules/fused_norm_gate.py) saves its input o, the gate z (above) and rstd
+        Saved("kernel output o (gated-norm input)", Tm * BF16 * vd),
+        Saved("gated-norm rstd (fp32)", Tm * FP32 * vh),
+        Saved("gated-norm output (out_proj input)", Tm * BF16 * vd),
+    ]
+
+
+def _gdn_collectives(s: Shape, rep: bool, T: float, Tm: float, h: int, mixed: int) -> tuple[int, int, float]:
+    """(TP collectives forward, backward, CP bytes) of a GDN layer (``mixed``: conv + value dims)."""
+    t = s.tp
     if t > 1:
         # slime under SP: all-gather the input (fwd), all-gather the output grad (bwd) around the replicated
         # mixer; plus the MLP's 2 fwd / 2 exposed bwd collectives (slime_plugins hf_attention.py)
@@ -363,14 +407,8 @@ def _gdn(m: ModelSpec, e: Engine, s: Shape, kind: str = LINEAR) -> LayerCost:
     else:
         fwd = bwd = 0
     cp_bytes = ((s.cp - 1) / s.cp * BF16 * Tm * h) if (s.cp > 1 and rep) else (
-        2 * (s.cp - 1) / s.cp * BF16 * T * (conv + vd) / t if s.cp > 1 else 0.0)  # all-gather / all-to-all
-    return LayerCost(
-        saved=tuple(saved), input_bytes=T * BF16 * h / hd, bwd_work_bytes=work, gemm=gemm, attn_flops=0.0,
-        gdn_flops=gdn, tp_coll_fwd=fwd, tp_coll_bwd=bwd, tp_coll_bytes=BF16 * T * h, tp_allreduce=not s.sp,
-        cp_bytes=cp_bytes, params_on_gpu=(p.mixer_matrix / mix_t) + p.mlp_matrix / t + p.vectors,
-        # fc1; the mixer's input projection too where it is TP-split (slime's replicated HF GDN has no TP dgrad)
-        async_dgrad_gemms=(() if t == 1 else (2,) if rep else (0, 2)),
-    )
+        2 * (s.cp - 1) / s.cp * BF16 * T * mixed / t if s.cp > 1 else 0.0)  # all-gather / all-to-all
+    return fwd, bwd, cp_bytes
 
 
 @lru_cache(maxsize=4096)

@@ -1,4 +1,6 @@
-"""Per-pipeline-stage peak GPU memory of a layout, in GiB, and the fit verdict.
+"""The memory model's per-layout pieces: optimizer and gradient bytes, communicators and their NCCL buffers, the fixed
+overheads, DeepEP's buffers. The per-stage composition (every row of a batch at once, GiB, and the verdict) is
+``batch_memory`` / ``batch``; what follows describes it.
 
 A stage's allocated peak (what ``torch.cuda.max_memory_allocated`` shows) = weights + gradients + optimizer
 states (GPU share) + the tensors each layer saves for backward (``attune.estimator.costs``: named per
@@ -14,23 +16,15 @@ Formulas: reference megatron-memory-and-performance.md sections 1-5, slime-and-q
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
 from operator import attrgetter
 
-from attune.estimator import moe as moe_terms
-from attune.estimator import offload as knob_terms
-from attune.estimator import precision as lp_terms
-from attune.estimator import reuse
-from attune.estimator.costs import BF16, FP32, Shape, layer_costs, mtp_logits_bytes, mtp_saved
-from attune.estimator.reuse import placement as shared_placement
+from attune.estimator.costs import BF16, FP32
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster, GiB
 from attune.spec.layout import Layout, Workload
-from attune.spec.model import FULL, LINEAR, ModelSpec, is_dense_kind
-from attune.spec.placement import Batching, Placement, mtp_kind, stage_params
+from attune.spec.model import ModelSpec
 
-from .coefficients import Coefficients, coefficients_for
+from .coefficients import Coefficients
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 """Bytes per element of the optimizer-state dtypes (``--exp-avg-dtype`` / ``--exp-avg-sq-dtype``)."""
@@ -40,130 +34,6 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # proj and fc2 reduce-scatters, and their dgrad/wgrad counterparts; about 6 such buffers are alive
 # [unverified count; transformer_engine/pytorch/module/base.py initialize_ub].
 TP_OVERLAP_BUFFERS = 6
-
-
-@dataclass
-class StageMemory:
-    stage: int
-    layers: int
-    params: float  # parameters held by one GPU of this stage
-    weights_gib: float
-    grads_gib: float
-    optimizer_gib: float
-    activations_gib: float
-    logits_gib: float
-    overhead_gib: float  # the sum of ``overheads``
-    host_optimizer_gib: float  # optimizer state moved to host memory by CPU offload
-    inflight_microbatches: float
-    expert_params: float = 0.0
-    """MoE: routed-expert parameters one GPU of this stage holds (all experts / EP x ETP); not in ``params``."""
-    expert_weights_gib: float = 0.0
-    """MoE: routed-expert weights, GiB (not in ``weights_gib``, which is the dense part)."""
-    expert_grads_gib: float = 0.0
-    """MoE: routed-expert gradients, GiB."""
-    expert_optimizer_gib: float = 0.0
-    """MoE: routed-expert optimizer states on the GPU, sharded over the expert data-parallel group, GiB."""
-    expert_activations_gib: float = 0.0
-    """MoE: of ``activations_gib``, the routed tokens' tensors (dispatched tokens x top-k), GiB."""
-    overheads: dict[str, float] = field(default_factory=dict)
-    """Named fixed and proportional terms, GiB: gemm_workspaces, tp_overlap_buffers, optimizer_step_peak (the
-    optimizer step's excess over the forward/backward peak, when it has one; inside the allocator),
-    fragmentation (reserved - allocated), cuda_context and nccl_buffers (outside the allocator)."""
-
-    @property
-    def allocated_gib(self) -> float:
-        """Peak allocated by PyTorch's caching allocator (``torch.cuda.max_memory_allocated``)."""
-        return (self.weights_gib + self.grads_gib + self.optimizer_gib + self.activations_gib + self.logits_gib
-                + self.expert_state_gib + self.overheads.get("gemm_workspaces", 0.0) + self.overheads.get("tp_overlap_buffers", 0.0)
-                + self.overheads.get("optimizer_step_peak", 0.0)
-                + sum(v for k, v in self.overheads.items() if k.startswith("low_precision")))
-
-    @property
-    def reserved_gib(self) -> float:
-        """Peak reserved by the allocator (``torch.cuda.max_memory_reserved``): allocated + fragmentation."""
-        return self.allocated_gib + self.overheads.get("fragmentation", 0.0)
-
-    @property
-    def total_gib(self) -> float:
-        """What the device holds at the peak and the verdict compares with its memory: the reserved peak plus
-        the CUDA context and NCCL buffers outside the allocator (what nvidia-smi shows)."""
-        return (self.weights_gib + self.grads_gib + self.optimizer_gib + self.activations_gib + self.logits_gib
-                + self.expert_state_gib + self.overhead_gib)
-
-    @property
-    def expert_state_gib(self) -> float:
-        """MoE: routed-expert weights + gradients + optimizer states, GiB (0 for dense models)."""
-        return self.expert_weights_gib + self.expert_grads_gib + self.expert_optimizer_gib
-
-    def to_dict(self) -> dict:
-        return {
-            "stage": self.stage, "layers": self.layers, "params": int(self.params),
-            "total_gib": round(self.total_gib, 3),
-            "allocated_gib": round(self.allocated_gib, 3), "reserved_gib": round(self.reserved_gib, 3),
-            "breakdown": {
-                "weights_gib": round(self.weights_gib, 3), "grads_gib": round(self.grads_gib, 3),
-                "optimizer_gib": round(self.optimizer_gib, 3), "activations_gib": round(self.activations_gib, 3),
-                "logits_gib": round(self.logits_gib, 3), "overhead_gib": round(self.overhead_gib, 3),
-            },
-            **({"experts": {"params": int(self.expert_params), "weights_gib": round(self.expert_weights_gib, 3),
-                            "grads_gib": round(self.expert_grads_gib, 3),
-                            "optimizer_gib": round(self.expert_optimizer_gib, 3),
-                            "activations_gib": round(self.expert_activations_gib, 3)}} if self.expert_params else {}),
-            "overheads_gib": {k: round(v, 3) for k, v in self.overheads.items()},
-            "host_optimizer_gib": round(self.host_optimizer_gib, 3),
-            "inflight_microbatches": round(self.inflight_microbatches, 2),
-        }
-
-
-@dataclass
-class MemoryEstimate:
-    stages: list[StageMemory]
-    capacity_gib: float
-    host_capacity_gib: float  # host RAM per node
-    host_needed_gib: float  # CPU-offloaded optimizer state per node
-    batch: Batching
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def peak_gib(self) -> float:
-        return max(s.total_gib for s in self.stages)
-
-    @property
-    def peak_allocated_gib(self) -> float:
-        """The largest stage's allocated peak (``max_memory_allocated``)."""
-        return max(s.allocated_gib for s in self.stages)
-
-    @property
-    def peak_reserved_gib(self) -> float:
-        """The largest stage's reserved peak (``max_memory_reserved``)."""
-        return max(s.reserved_gib for s in self.stages)
-
-    @property
-    def peak_stage(self) -> int:
-        return max(self.stages, key=lambda s: s.total_gib).stage
-
-    @property
-    def host_fits(self) -> bool:
-        return self.host_needed_gib <= self.host_capacity_gib
-
-    @property
-    def fits(self) -> bool:
-        return self.peak_gib <= self.capacity_gib and self.host_fits
-
-    @property
-    def shortfall_gib(self) -> float:
-        """How far the worst stage is over capacity (negative: headroom)."""
-        return self.peak_gib - self.capacity_gib
-
-    def verdict(self) -> str:
-        if self.fits:
-            return f"fits: peak {self.peak_gib:.1f} GiB on stage {self.peak_stage} of {self.capacity_gib:.1f} GiB"
-        if not self.host_fits and self.peak_gib <= self.capacity_gib:
-            return (f"does not fit: CPU-offloaded optimizer needs {self.host_needed_gib:.0f} GiB of host memory per node, "
-                    f"{self.host_capacity_gib:.0f} GiB available")
-        over = [s for s in self.stages if s.total_gib > self.capacity_gib]
-        where = ", ".join(f"stage {s.stage} {s.total_gib:.1f} GiB" for s in over)
-        return f"does not fit: {where} > {self.capacity_gib:.1f} GiB capacity"
 
 
 def optimizer_bytes(layout: Layout, fp32_training: bool = False, *, grad_reduce_in_bf16: bool = False,
@@ -272,6 +142,11 @@ _overhead_fields = attrgetter(*OVERHEAD_FIELDS)
 _OVERHEADS: dict[tuple, tuple] = {}
 
 
+def forget_overheads() -> None:
+    """Drop the kept fixed overheads (``attune.estimator.forget``)."""
+    _OVERHEADS.clear()
+
+
 def _fixed_overheads(layout: Layout, workload: Workload, engine: Engine, cluster: Cluster, stage: int,
                      model: ModelSpec, coef: Coefficients) -> dict[str, float]:
     if cluster.gpu.is_cpu:
@@ -310,199 +185,3 @@ def deepep_buffer_bytes(hidden: int, ep: int, gpus_per_node: int) -> float:
     if rdma > 1:
         out += 2 * DEEPEP_CHANNELS * rdma * DEEPEP_RDMA_RECV_TOKENS * token
     return float(out)
-
-
-def _stored_layers(layout: Layout, st) -> int:
-    """Layers of a stage that keep their full activations under the recompute policy."""
-    if layout.recompute_granularity != "full":
-        return st.layers
-    if layout.recompute_method == "block":
-        return sum(max(0, c.layers - (layout.recompute_num_layers or 0)) for c in st.chunks)
-    return 0
-
-
-def _stage_bytes(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workload, engine: Engine,
-                 coef: Coefficients, pl: Placement) -> tuple:
-    """(layer costs, per stage (parameters on one GPU, activation bytes at the peak, logits bytes)): the terms
-    that read no optimizer field of the layout (``reuse.OPTIMIZER_FIELDS``), so layouts differing only there share
-    them."""
-    b = pl.batch
-    shape = Shape(layout.tp, layout.sp, layout.cp, b.tokens_per_gpu, workload.seq_length)
-    costs = moe_terms.with_expert_activations(layer_costs(model, engine, shape), model, layout, shape)
-    lp = lp_terms.plan(layout, cluster.gpu, coef)  # low-precision GEMMs (issue 22); None for bf16
-    if lp is not None:
-        costs = lp_terms.quantized_costs(costs, layout, engine, cluster.gpu, coef)
-    cpu = cluster.gpu.is_cpu
-    selective = layout.recompute_granularity == "selective"
-    act_scale = FP32 / BF16 if cpu else 1.0  # activations are fp32 on CPU workers, bf16 on GPUs
-    rec_full = layout.recompute_granularity == "full"
-    n_rec = layout.recompute_num_layers or 0
-    full = costs[FULL]
-    # selective recompute of core attention: FlashAttention already keeps no s x s matrix, so it frees nothing
-    # but the attention-internal tensors it re-creates (its output and LSE are rebuilt): the saved set stays
-    # the same with FlashAttention (reference 2.1), so selective keeps the counts above.
-    out = []
-    for st in pl.stages:
-        r = st.rank
-        stored = 0.0  # activation bytes of one microbatch through all of this rank's chunks
-        work = 0.0  # the backward working set of the worst layer
-        rebuilt = 0.0  # bytes rebuilt at once during a recomputed backward
-        if selective:  # the reference kind's rebuilt set (also when a chunk holds none of it)
-            rebuilt = knob_terms.recompute_freed_bytes(full, FULL, layout, model, engine)
-        for ch in st.chunks:
-            a = ch.start
-            # (kind, layers) of the chunk: FULL / SLIDING / LINEAR and the dense-MLP kinds of MoE models
-            kinds = ch.kinds or tuple((k, n) for k, n in ((FULL, ch.full), (LINEAR, ch.linear)) if n)
-            present = [full] + [costs[k] for k, n in kinds if n and k != FULL]
-            worst = max(c.act_bytes for c in present)
-            work = max(work, max(c.bwd_work_bytes for c in present))
-            if not rec_full:
-                # issue 15: selective recompute by module and activation offloading (attune.estimator.offload)
-                kept_off = 0.0
-                for kind, n in kinds:
-                    c = costs[kind]  # the full kind: the MoE / dense-MLP layers of an MoE model differ (knobs.honoured)
-                    k_rec = knob_terms.recompute_freed_bytes(c, kind, layout, model, engine) if selective else 0.0
-                    k_off = knob_terms.offloaded_bytes(c, kind, layout, model, engine)
-                    stored += n * (c.act_bytes - k_rec - k_off)
-                    rebuilt = max(rebuilt, k_rec)
-                    kept_off = max(kept_off, k_off)
-                stored += kept_off  # the chunk's last layer stays on the GPU (its backward follows at once)
-                continue
-            n = ch.layers
-            if layout.recompute_method == "block":
-                k = min(n_rec, n)  # the first k layers of each chunk keep only their input
-                rec = dict(model.count_kinds(a, a + k)) if k else {}
-                # activation offload acts on the layers that keep their activations (attune.estimator.offload)
-                offs = [0.0]
-                for kind, nk in kinds:
-                    keep = nk - rec.get(kind, 0)
-                    if keep:
-                        c = costs[kind]
-                        off = knob_terms.offloaded_bytes(c, kind, layout, model, engine)
-                        stored += keep * (c.act_bytes - off)
-                        offs.append(off)
-                stored += k * full.input_bytes + max(offs)
-                if k:
-                    rebuilt = max(rebuilt, worst)
-            else:  # uniform: every group of n_rec layers keeps its input; a whole group is rebuilt in backward
-                groups = math.ceil(n / n_rec)
-                stored += groups * full.input_bytes
-                rebuilt = max(rebuilt, min(n_rec, n) * worst)
-        first, last = st.is_first, st.is_last
-        mtp_b = 0.0  # multi-token-prediction layers (last stage): one microbatch, like the logits
-        if st.mtp:
-            mk = mtp_kind(model)
-            c = costs[mk]
-            extra = mtp_saved(model, shape)
-            if rec_full and layout.recompute_method == "uniform":
-                # megatron-core 0.16.1 MultiTokenPredictionLayer._checkpointed_forward: uniform (of 1 layer)
-                # checkpoints _proj_and_transformer_layer (enorm, hnorm, eh_proj, the transformer layer), keeping
-                # its two inputs (hidden state, embedding); the final norm and the output layer run outside it.
-                # Block recompute is "not supported for MTP yet" and skipped (the layer keeps everything).
-                layer_b = 2 * c.input_bytes
-                extra = tuple(x for x in extra if x.name.startswith(("MTP final norm", "MTP output-layer")))
-                rebuilt = max(rebuilt, c.act_bytes)
-            else:
-                k_rec = knob_terms.recompute_freed_bytes(c, mk, layout, model, engine) if selective else 0.0
-                layer_b = c.act_bytes - k_rec
-                rebuilt = max(rebuilt, k_rec)
-            mtp_b = st.mtp * (layer_b + sum(x.bytes for x in extra))
-            work = max(work, c.bwd_work_bytes)
-        params = stage_params(model, layout, r, lambda kind: costs[kind].params_on_gpu, st.ranges)
-        inflight = st.inflight
-        # backward transient: the layer being differentiated (rebuilt if recomputed) plus its gradient working
-        # set; on the first stage the embedding's dense bf16 weight gradient (megatron-core
-        # VocabParallelEmbedding backward) before it is added into the main-grad buffer
-        transient = rebuilt + work
-        if first:
-            transient = max(transient, BF16 * model.embedding_params / layout.tp)
-        acts = act_scale * (inflight * stored + transient + mtp_b)
-        logits = 0.0
-        if last and model.vocab:  # a model counted without its output layer (vocab 0) has no logits
-            logits = engine.logits_bytes_per_element * b.tokens_per_gpu * model.vocab / layout.tp
-            logits += BF16 * b.tokens_per_gpu * model.hidden  # output-layer input
-            logits += st.mtp * mtp_logits_bytes(model, shape)  # each MTP layer's loss: a second fp32 logits tensor
-        out.append((params, acts, logits))
-    return costs, out
-
-
-def estimate_memory(model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workload, engine: Engine,
-                    coef: Coefficients | None = None, placement: Placement | None = None) -> MemoryEstimate:
-    """Each pipeline stage's peak memory; ``placement`` is derived here when the caller has none. Without
-    ``coef``, the fitted set of the cluster's GPU generation (``coefficients_for``), as ``estimate`` does."""
-    coef = coef if coef is not None else coefficients_for(cluster.gpu)
-    pl = placement or shared_placement(model, layout, workload, engine)
-    b = pl.batch
-    shape = Shape(layout.tp, layout.sp, layout.cp, b.tokens_per_gpu, workload.seq_length)
-    costs, per_stage = reuse.shared("stage_bytes", _stage_bytes, (model, cluster, layout, workload, engine, coef, pl),
-                                    layout, reuse.OPTIMIZER_FIELDS)
-    lp = lp_terms.plan(layout, cluster.gpu, coef)  # low-precision GEMMs (issue 22); None for bf16
-    cpu = cluster.gpu.is_cpu
-    # the torch runner keeps fp32 parameters (bf16 autocast on GPU, fp32 on CPU); Megatron/slime keep bf16 ones
-    fp32_training = cpu or engine.attune_trainer
-    bf16_grads = not engine.grad_reduce_in_fp32
-    w_b, g_b, o_b, h_b = optimizer_bytes(layout, fp32_training=fp32_training, grad_reduce_in_bf16=bf16_grads,
-                                         fp16_grads_in_fp32=engine.fp16_grads_in_fp32)
-    copy_b = step_grad_copy_bytes(layout, fp32_training, grad_reduce_in_bf16=bf16_grads,
-                                  fp16_grads_in_fp32=engine.fp16_grads_in_fp32)
-    o_b -= copy_b  # held during forward/backward; the copy is the optimizer step's own peak (below)
-    # MoE: the routed experts' optimizer is sharded over the expert data-parallel group (attune.estimator.moe)
-    ew_b = eg_b = eo_b = eh_b = ecopy_b = 0.0
-    if model.moe is not None:
-        e_lay = moe_terms.expert_layout(layout)
-        ew_b, eg_b, eo_b, eh_b = optimizer_bytes(e_lay, fp32_training=fp32_training, grad_reduce_in_bf16=bf16_grads,
-                                                 fp16_grads_in_fp32=engine.fp16_grads_in_fp32)
-        ecopy_b = step_grad_copy_bytes(e_lay, fp32_training, grad_reduce_in_bf16=bf16_grads,
-                                       fp16_grads_in_fp32=engine.fp16_grads_in_fp32)
-        eo_b -= ecopy_b
-    e_act = moe_terms.expert_activation_bytes(model, layout, shape)
-    if layout.recompute_granularity == "selective" and model.moe is not None:
-        # moe / moe_act recompute: the routed tensors they do not keep leave the breakdown's expert activations
-        moe_kind = next((k for k in costs if not is_dense_kind(k)), None)
-        if moe_kind is not None:
-            e_act -= knob_terms.routed_freed_bytes(costs[moe_kind], moe_kind, layout, model, engine)
-    act_scale = FP32 / BF16 if cpu else 1.0  # activations are fp32 on CPU workers, bf16 on GPUs
-    frag = 0.0 if cpu else (coef.fragmentation_expandable if engine.expandable_segments else coef.fragmentation)
-    stages: list[StageMemory] = []
-    rec_full = layout.recompute_granularity == "full"
-    for st, (params, acts, logits) in zip(pl.stages, per_stage):
-        r = st.rank
-        # MoE layers only, not the dense ones; an MTP layer of an MoE kind holds routed experts too
-        ex = moe_terms.stage_expert_params(model, layout, st.moe_layers + st.mtp_moe)
-        inflight = st.inflight
-        over = fixed_overheads(layout, workload, engine, cluster, r, model, coef)
-        if lp is not None:  # fp8 weight copies, fp8 params, scaling state (attune.estimator.precision)
-            over = {**over, **lp_terms.stage_memory(lp, lp_terms.linear_params(
-                model, engine, costs, lp_terms.dense_kinds(st.chunks), layout.tp), ex, st.layers)}
-        lp_gib = sum(v for k, v in over.items() if k.startswith("low_precision"))
-        allocated = (params * (w_b + g_b + o_b) + ex * (ew_b + eg_b + eo_b) + acts + logits) / GiB + over.get(
-            "gemm_workspaces", 0.0) + over.get("tp_overlap_buffers", 0.0) + lp_gib
-        # the optimizer step's peak: the states plus the fp32 grad copies, no activations; it sets the stage's
-        # peak only when it exceeds the forward/backward one
-        step_peak = (params * (w_b + g_b + o_b + copy_b) + ex * (ew_b + eg_b + eo_b + ecopy_b)) / GiB + over.get(
-            "gemm_workspaces", 0.0) + lp_gib
-        if step_peak > allocated:
-            over["optimizer_step_peak"] = step_peak - allocated
-            allocated = step_peak
-        if not cpu:
-            over["fragmentation"] = frag * allocated
-        stages.append(StageMemory(
-            stage=r, layers=st.layers, params=params,
-            weights_gib=params * w_b / GiB, grads_gib=params * g_b / GiB, optimizer_gib=params * o_b / GiB,
-            activations_gib=acts / GiB, logits_gib=logits / GiB, overhead_gib=sum(over.values()),
-            host_optimizer_gib=(params * h_b + ex * eh_b) / GiB, inflight_microbatches=inflight, overheads=over,
-            expert_params=ex, expert_weights_gib=ex * ew_b / GiB, expert_grads_gib=ex * eg_b / GiB,
-            expert_optimizer_gib=ex * eo_b / GiB,
-            expert_activations_gib=(act_scale * inflight * e_act * _stored_layers(layout, st) / GiB
-                                    * (st.moe_layers / st.layers if st.layers else 0.0)
-                                    + (act_scale * st.mtp_moe * e_act / GiB
-                                       if not (rec_full and layout.recompute_method == "uniform") else 0.0)),
-        ))
-    # host memory per node: GPUs of a node are spread over stages; take the mean stage times GPUs per node
-    per_gpu_host = sum(s.host_optimizer_gib for s in stages) / len(stages)
-    host_needed = per_gpu_host * cluster.gpus_per_node
-    host_cap = 0.9 * cluster.gpu.host_memory_bytes / GiB  # leave 10% for the OS, Ray and data loaders
-    capacity = cluster.gpu.capacity_gib
-    if cpu:  # CPU workers share the host's memory
-        capacity /= cluster.gpus_per_node
-    return MemoryEstimate(stages, capacity, host_cap, host_needed, b)

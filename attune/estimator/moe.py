@@ -25,12 +25,10 @@ from dataclasses import replace
 
 from attune.estimator.coefficients import peak_ratio
 from attune.estimator.costs import BF16, FP32, LayerCost, Saved, Shape
-from attune.spec.hardware import Cluster, GiB
+from attune.spec.hardware import Cluster
 from attune.spec.layout import Layout
 from attune.spec.model import ModelSpec, is_dense_kind
 from attune.spec.moe import expert_data_parallel
-
-__all__ = ["expert_data_parallel"]  # re-exported for performance.py
 
 DROPLESS_IMBALANCE = 1.25
 """Routed tokens on the busiest EP rank over the mean, dropless routing with EP > 1 [unverified assumption:
@@ -354,8 +352,3 @@ def expert_dp_comm_s(model: ModelSpec, cluster: Cluster, layout: Layout, layers:
     span = layout.tp * layout.cp * layout.dp
     bw = _link_gbps(span, cluster, coef) * 1e9
     return n * (d - 1) / d * (grad_bytes + BF16) / bw + 2 * coef.collective_latency_s
-
-
-def expert_memory_gib(params: float, w_b: float, g_b: float, o_b: float) -> tuple[float, float, float]:
-    """(weights, grads, optimizer) GiB of ``params`` expert parameters at the given bytes per parameter."""
-    return params * w_b / GiB, params * g_b / GiB, params * o_b / GiB

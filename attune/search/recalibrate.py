@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.special import log_ndtr
 
-from attune.estimator import estimate
+from attune.estimator import estimate, estimate_batch
 from attune.estimator.coefficients import Coefficients
+from attune.spec.columns import LayoutColumns
 from attune.spec.layout import Layout
 
 # prior standard deviation of log(coefficient / shipped) = this fraction of the log-width of its bounds
@@ -209,14 +210,14 @@ def recalibrate(measurements: list[Measurement], shipped: Coefficients, ctx: tup
         if prior_cap:
             prior = np.minimum(prior, [prior_cap.get(n, math.inf) for n, _, _ in names])
         y = np.log([m.tokens_per_s_per_gpu for m in ok])
+        measured = LayoutColumns.from_layouts([m.layout for m in ok])  # one batch per evaluation of the fit
 
         def coef_at(theta):
             return dataclasses.replace(shipped, **{n: float(v) for (n, _, _), v in zip(names, c0 * np.exp(theta))})
 
         def resid(theta):
             c = coef_at(theta)
-            pred = np.log([estimate(model, cluster, m.layout, workload, engine, c, check_layout=False)
-                           .perf.tokens_per_s_per_gpu for m in ok])
+            pred = np.log(estimate_batch(model, cluster, measured, workload, engine, c).tokens_per_s_per_gpu)
             return np.concatenate([(pred - y) / residual_sd, theta / prior])
 
         if names:

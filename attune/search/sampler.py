@@ -39,7 +39,7 @@ import optuna
 from optuna.samplers import BaseSampler, RandomSampler
 from scipy.special import ndtr
 
-from attune.estimator import estimate
+from attune.estimator import estimate_batch
 from attune.estimator.coefficients import Coefficients
 from attune.search import edge as edge_module
 from attune.search import spread_check
@@ -55,6 +55,7 @@ from attune.search.recalibrate import (
 )
 from attune.search.scoring import ScoredSpace
 from attune.search.space import FEATURES, layout_features, layout_from_dict, layout_key, params_key
+from attune.spec.columns import LayoutColumns
 from attune.spec.layout import Layout
 
 # prior spread of the recalibrated model's log throughput error away from measured layouts (10%: the seed
@@ -485,8 +486,8 @@ class ModelGuidedSampler(BaseSampler):
         model, cluster, workload, engine = self.table.context
         L = model.num_layers
         X = np.array([layout_features(m.layout, L) for _, m in ok])
-        pred = np.log([estimate(model, cluster, m.layout, workload, engine, cal.coefficients, check_layout=False)
-                       .perf.tokens_per_s_per_gpu for _, m in ok])
+        pred = np.log(estimate_batch(model, cluster, LayoutColumns.from_layouts([m.layout for _, m in ok]), workload,
+                                     engine, cal.coefficients).tokens_per_s_per_gpu)
         r = np.log([m.tokens_per_s_per_gpu for _, m in ok]) - pred
         # the local term's scale from the residuals around their mean (the level has its own term)
         s2 = (PRIOR_WEIGHT * PRIOR_SPREAD ** 2 + float(np.sum((r - r.mean()) ** 2))) / (PRIOR_WEIGHT + len(r))

@@ -2,8 +2,8 @@
 
 `score_space` enumerates every distinct valid layout of a space as columns (`attune.search.enumeration`: knobs
 that cannot change the layout are not expanded, equivalent layouts are deduplicated; no `Layout` object is built),
-estimates them through one function over the columns (`_estimate_columns`; in worker processes when there are
-several cores and many layouts), and keeps arrays: predicted tokens/s/GPU, peak memory per stage, the host-memory
+estimates them through one function over the columns (`_estimate_columns`: `estimate_batch` in slices of
+BATCH_ROWS), and keeps arrays: predicted tokens/s/GPU, peak memory per stage, the host-memory
 verdict and the knob-distance features; a row's `Layout` and parameter set are built when something reads them.
 Memory is predicted first for every layout; throughput only for those within MEMORY_SCORING_MARGIN of capacity.
 The table is cached in this process per (model, cluster, workload, engine, space, coefficients), so a study, a resumed
@@ -20,17 +20,15 @@ import dataclasses
 import multiprocessing
 import os
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from attune.estimator import estimate_batch, estimate_parts
-from attune.estimator.batch import scalar_rows
+from attune.estimator import estimate_batch
 from attune.estimator.coefficients import Coefficients
 from attune.search.enumeration import EnumeratedSpace, enumerate_columns
 from attune.search.space import SearchSpace
-from attune.spec.columns import KINDS, NONE_INT, LayoutColumns
+from attune.spec.columns import LayoutColumns
 from attune.spec.engine import Engine
 from attune.spec.hardware import Cluster
 from attune.spec.identity import IDENTITY_ITEMS
@@ -46,14 +44,10 @@ SENSITIVITY_STEP = 0.05
 # layouts predicted over capacity by more than this fraction are not given a throughput (tokens = NaN): no
 # plausible memory recalibration brings them under capacity
 MEMORY_SCORING_MARGIN = 0.10
-# shards per worker process: small shards balance the uneven (TP, PP, CP) groups
-SHARDS_PER_WORKER = 4
 # tables kept in this process (a table of the dense space is ~30 MB)
 CACHE_SIZE = 6
 
 _CACHE: dict[tuple, "ScoredSpace"] = {}
-# below this many layouts the table is estimated in this process (a worker pool costs more than it saves)
-PARALLEL_MIN_ROWS = 4000
 # rows per estimate_batch call: the array engine's intermediates are a few hundred bytes per row and stage, so the
 # table is estimated in slices of this many rows to bound the peak memory (Llama-3.1-70B on 64 x H100 with
 # communication overlap searched, 646,392 layouts: benchmarks/RESULTS.md); a slice this large keeps numpy's
@@ -203,16 +197,14 @@ def _estimate_columns(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, w
                       coef: Coefficients) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The table's predictions for a batch of layouts: (tokens/s/GPU, step time s, stage peaks GiB (rows x largest
     PP, NaN past the last stage), peak GiB, host fits). Tokens and step time are NaN for a layout more than
-    MEMORY_SCORING_MARGIN over capacity or whose host memory does not fit. The rows the array engine covers are
-    estimated at once (`estimate_batch`); the others (`scalar_rows`: none now) row by
-    row with the same composition, memory first (no throughput for a layout far over memory)."""
+    MEMORY_SCORING_MARGIN over capacity or whose host memory does not fit (memory first: no throughput far over
+    memory)."""
     n = len(cols)
     limit = cluster.gpu.capacity_gib * (1.0 + MEMORY_SCORING_MARGIN)
     width = int(cols["pp"].max()) if n else 1
     tokens, step = np.full(n, np.nan), np.full(n, np.nan)
     stages, peak, host = np.full((n, width), np.nan), np.zeros(n), np.zeros(n, dtype=bool)
-    scalar = scalar_rows(model, cluster, cols, engine)
-    rows = np.flatnonzero(~scalar)
+    rows = np.arange(n)
     for a in range(0, rows.size, BATCH_ROWS):
         part = rows[a:a + BATCH_ROWS]
         b = estimate_batch(model, cluster, cols if part.size == n else cols.take(part), workload, engine, coef)
@@ -223,35 +215,7 @@ def _estimate_columns(model: ModelSpec, cluster: Cluster, cols: LayoutColumns, w
         stages[part, :st.shape[1]] = st
         peak[part], host[part] = b.peak_gib, b.host_fits
         del b, st
-    rows = np.flatnonzero(scalar)
-    for i, lay in zip(rows, _layouts(cols.take(rows)) if rows.size else ()):
-        mem, perf = estimate_parts(model, cluster, lay, workload, engine, coef, perf_below_gib=limit)
-        st = [s.total_gib for s in mem.stages]
-        stages[i, :len(st)] = st
-        peak[i], host[i] = mem.peak_gib, mem.host_fits
-        if perf is not None:
-            tokens[i], step[i] = perf.tokens_per_s_per_gpu, perf.step_time_s
     return tokens, step, stages, peak, host
-
-
-def _layouts(cols: LayoutColumns):
-    """Every row as a `Layout`, in order (`LayoutColumns.layout` per row, with the columns turned into Python
-    values once instead of one numpy scalar at a time)."""
-    names = list(cols.columns())
-    values = []
-    for name in names:
-        col = cols[name].tolist()
-        if KINDS[name] == "opt_int":
-            col = [None if v == NONE_INT else v for v in col]
-        elif KINDS[name] == "opt_float":
-            col = [None if v != v else v for v in col]  # NaN
-        values.append(col)
-    for row in zip(*values):
-        yield Layout(**dict(zip(names, row)))
-
-
-def _estimate_job(args) -> tuple:
-    return _estimate_columns(*args)
 
 
 def default_workers() -> int:
@@ -262,7 +226,7 @@ def default_workers() -> int:
 
 
 def score_space(space: SearchSpace, model: ModelSpec, cluster: Cluster, workload: Workload, engine: Engine,
-                coef: Coefficients, workers: int | None = None) -> ScoredSpace:
+                coef: Coefficients) -> ScoredSpace:
     """The scored table of `space` for this target (cached in this process; see the module docstring)."""
     key = (model.name, model.num_layers, cluster.spec, repr(workload), engine.name, space.path,
            repr(sorted(space.knobs.items())), repr(sorted(space.fixed.items())), repr(coef))
@@ -270,19 +234,7 @@ def score_space(space: SearchSpace, model: ModelSpec, cluster: Cluster, workload
         return _CACHE[key]
     es = enumerate_columns(space, model, cluster.world_size, workload, engine)
     cols = es.cols
-    workers = default_workers() if workers is None else max(1, workers)
-    # worker processes pay only for the rows estimated one by one (the array engine takes the rest in one call)
-    if workers == 1 or int(scalar_rows(model, cluster, cols, engine).sum()) < PARALLEL_MIN_ROWS:
-        parts = [_estimate_columns(model, cluster, cols, workload, engine, coef)]
-    else:  # contiguous slices: a layout's optimizer variants are adjacent and share per-stage terms in one worker
-        edges = np.linspace(0, len(cols), workers * SHARDS_PER_WORKER + 1).astype(int)
-        jobs = [(model, cluster, cols.take(slice(a, b)), workload, engine, coef) for a, b in zip(edges, edges[1:])]
-        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
-            parts = list(pool.map(_estimate_job, jobs))
-    width = max(p[2].shape[1] for p in parts)
-    parts = [(*p[:2], np.pad(p[2], ((0, 0), (0, width - p[2].shape[1])), constant_values=np.nan), *p[3:])
-             for p in parts]
-    tokens, step, stages, peak, host = (np.concatenate([p[j] for p in parts]) for j in range(5))
+    tokens, step, stages, peak, host = _estimate_columns(model, cluster, cols, workload, engine, coef)
     table = ScoredSpace(space=es, tokens=tokens, step_time_s=step, stage_peaks_gib=stages, peak_gib=peak,
                         host_fits=host, coefficients=coef, context=(model, cluster, workload, engine))
     while len(_CACHE) >= CACHE_SIZE:

@@ -344,8 +344,7 @@ _READ_BACK_NAMES = {k.name: k for k in _READ_BACK}
 _DEFAULT_ONLY = frozenset(_READ_BACK_NAMES) | {"stage_layout"}
 
 
-# candidates per shard block: a layout's optimizer variants are adjacent candidates and share their per-stage
-# terms (attune.estimator.reuse) when one worker estimates them
+# candidates per shard block: a layout's optimizer variants are adjacent candidates and stay in one shard
 SHARD_BLOCK = 64
 
 

@@ -89,7 +89,7 @@ class LayoutColumns:
     Columns not given are filled with the field's default. The arrays are not copied; treat them as read-only.
     """
 
-    __slots__ = ("_cols", "_n")
+    __slots__ = ("_cols", "_n", "_source")
 
     def __init__(self, columns: Mapping[str, np.ndarray | Iterable], n: int | None = None) -> None:
         unknown = sorted(set(columns) - set(FIELDS))
@@ -111,12 +111,15 @@ class LayoutColumns:
                 cols[name] = _encode(name, [DEFAULTS[name]] * n)
         self._cols = cols
         self._n = n
+        self._source: list[Layout] | None = None
 
     @classmethod
     def from_layouts(cls, layouts: Iterable[Layout]) -> "LayoutColumns":
         """The batch of these layouts, in order (a single layout is a batch of one)."""
         layouts = list(layouts)
-        return cls({name: _encode(name, [getattr(lay, name) for lay in layouts]) for name in FIELDS}, n=len(layouts))
+        out = cls({name: _encode(name, [getattr(lay, name) for lay in layouts]) for name in FIELDS}, n=len(layouts))
+        out._source = layouts  # ``layout(i)`` hands these back instead of rebuilding them
+        return out
 
     def __len__(self) -> int:
         return self._n
@@ -133,11 +136,20 @@ class LayoutColumns:
         """The rows selected by a boolean mask, an index array or a slice, in that order."""
         cols = {name: arr[index] for name, arr in self._cols.items()}
         n = len(next(iter(cols.values())))
-        return LayoutColumns(cols, n=n)
+        out = LayoutColumns(cols, n=n)
+        if self._source is not None:
+            out._source = [self._source[i] for i in np.arange(self._n)[index].tolist()]
+        return out
 
     def layout(self, i: int) -> Layout:
-        """Row i as a `Layout` (its field checks run here)."""
+        """Row i as a `Layout` (its field checks run here; the layout itself for a batch made by ``from_layouts``)."""
+        if self._source is not None:
+            return self._source[i]
         return Layout(**{name: _decode(name, arr[i]) for name, arr in self._cols.items()})
+
+    def source(self) -> tuple[Layout, ...] | None:
+        """The layouts the batch was made of (``from_layouts``, and ``take`` of such a batch), else None."""
+        return None if self._source is None else tuple(self._source)
 
     def layouts(self) -> list[Layout]:
         """Every row as a `Layout`, in order."""

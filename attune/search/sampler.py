@@ -347,25 +347,14 @@ class ModelGuidedSampler(BaseSampler):
             return self._assessment
         t = self.table
         cal = self._calibrate(meas)
-        self._oom_floors = []
-        for _, m in meas:
-            r = t.row(layout_key(m.layout, L)) if m.oom_stage is not None else None
-            if r is not None and m.oom_stage < len(t.stage_gib[r]):
-                for j in edge_module.position(m.oom_stage, m.layout.pp):
-                    self._oom_floors.append((m.layout.pp, j, float(t.stage_gib[r][m.oom_stage])))
+        self._oom_floors = self._measured_oom_floors(meas, L)
         mu = self._mean_log(cal)
         mu_model = mu.copy()
         pos, p_fit, limit = self._memory(cal)
         peak = np.max(pos, axis=1)
         fits = t.host_fits & (peak <= limit) & self._scored
         p_fit = np.where(fits, p_fit, 0.0)
-        avail = fits.copy()
-        for k in busy:
-            r = t.row(k)
-            if r is not None:
-                avail[r] = False
-        for r in self._refused:
-            avail[r] = False
+        avail = self._not_busy(fits, busy)
         ok = [(n, m) for n, m in meas if m.tokens_per_s_per_gpu]
         best = max((m.tokens_per_s_per_gpu for _, m in ok), default=None)
         spread = np.zeros(len(t))
@@ -376,16 +365,7 @@ class ModelGuidedSampler(BaseSampler):
                 kappa = spread_check.spread_factor(spread_check.prediction_tests(study))
         unmeasured = avail.copy()  # before the near-duplicate rule: edge steps may take near-duplicates
         if best is not None and not self.exact:
-            # near-duplicates of a completed measurement (within NEAR_DUPLICATE knob steps) are not worth a trial
-            # unless the recalibrated model predicts them better than that layout by more than min_gain: the
-            # run-to-run noise is larger than what separates them (a neighbour of an OOM is not a duplicate)
-            gain = math.log1p(self.min_gain)
-            for _, m in ok:
-                r0 = t.row(layout_key(m.layout, L))
-                ref = mu_model[r0] if r0 is not None and np.isfinite(mu_model[r0]) else -np.inf
-                x = layout_features(m.layout, L)
-                near = (np.abs(t.features - x).sum(1) <= NEAR_DUPLICATE) & self._same_structure(x)
-                avail &= ~(near & (mu_model - ref <= gain))
+            avail &= ~self._near_duplicates(ok, mu_model, L)
         y = math.log(best) if best is not None else -math.inf
         edge = None if self.exact else self._edge_step(meas, ok, best, mu, pos, p_fit, unmeasured, L)
         guard = None if self.exact else self._oom_guard(meas, mu, pos, p_fit, unmeasured, y, L)
@@ -393,22 +373,7 @@ class ModelGuidedSampler(BaseSampler):
             acq = np.where(avail, mu, -np.inf)
             p_imp, gain, claim = 1.0, math.inf, math.inf
         else:
-            gap = mu - y
-            sd = spread * kappa  # the checked spread: what the stop rule, the claim and the acquisition read
-            with np.errstate(divide="ignore", invalid="ignore"):
-                z = np.where(sd > 0, gap / np.maximum(sd, 1e-12), np.sign(gap) * np.inf)
-                ei = np.where(sd > 0, sd * np.exp(-0.5 * z ** 2) / math.sqrt(2 * math.pi) + gap * ndtr(z),
-                              np.maximum(gap, 0.0)) * p_fit
-                zi = np.where(sd > 0, (gap - math.log1p(self.min_gain)) / np.maximum(sd, 1e-12),
-                              np.where(gap > math.log1p(self.min_gain), np.inf, -np.inf))
-            pi = ndtr(zi) * p_fit
-            ei, pi = np.where(avail, ei, -np.inf), np.where(avail, pi, 0.0)
-            p_imp = float(pi.max()) if avail.any() else 0.0
-            gain = float(max(ei.max(), 0.0)) if avail.any() else 0.0
-            claim = remaining_regret(gap, sd, p_fit, unmeasured,
-                                     None if self.exact else (lambda rows: kappa ** 2 * self._joint_cov(rows)))
-            # ties (no spread, nothing better predicted): the best predicted candidate
-            acq = ei + 1e-9 * np.where(avail, mu - y, 0.0)
+            acq, p_imp, gain, claim = self._acquisition(mu - y, spread * kappa, kappa, p_fit, avail, unmeasured)
         cand = int(np.argmax(acq)) if avail.any() else None
         if edge is not None:
             cand = edge["row"]
@@ -420,6 +385,61 @@ class ModelGuidedSampler(BaseSampler):
                                       peak_gib=peak, p_fit=p_fit, remaining_regret=claim, edge_step=edge,
                                       oom_neighbour=guard, spread_factor=kappa)
         return self._assessment
+
+    def _measured_oom_floors(self, meas: list, L: int) -> list[tuple[int, int, float]]:
+        """(PP, stage position, predicted GiB) of each measured OOM's stage: a floor the stage's memory is over."""
+        t, floors = self.table, []
+        for _, m in meas:
+            r = t.row(layout_key(m.layout, L)) if m.oom_stage is not None else None
+            if r is not None and m.oom_stage < len(t.stage_gib[r]):
+                for j in edge_module.position(m.oom_stage, m.layout.pp):
+                    floors.append((m.layout.pp, j, float(t.stage_gib[r][m.oom_stage])))
+        return floors
+
+    def _not_busy(self, fits: np.ndarray, busy) -> np.ndarray:
+        """[rows] the layouts predicted to fit that no trial has taken (running, done) and none refused."""
+        avail = fits.copy()
+        for k in busy:
+            r = self.table.row(k)
+            if r is not None:
+                avail[r] = False
+        for r in self._refused:
+            avail[r] = False
+        return avail
+
+    def _near_duplicates(self, ok: list, mu_model: np.ndarray, L: int) -> np.ndarray:
+        """[rows] near-duplicates of a completed measurement (within NEAR_DUPLICATE knob steps): not worth a trial
+        unless the model predicts them better than that layout by more than min_gain, since the run-to-run noise
+        is larger than what separates them (a neighbour of an OOM is not a duplicate)."""
+        t, gain = self.table, math.log1p(self.min_gain)
+        out = np.zeros(len(t), dtype=bool)
+        for _, m in ok:
+            r0 = t.row(layout_key(m.layout, L))
+            ref = mu_model[r0] if r0 is not None and np.isfinite(mu_model[r0]) else -np.inf
+            x = layout_features(m.layout, L)
+            near = (np.abs(t.features - x).sum(1) <= NEAR_DUPLICATE) & self._same_structure(x)
+            out |= near & (mu_model - ref <= gain)
+        return out
+
+    def _acquisition(self, gap: np.ndarray, sd: np.ndarray, kappa: float, p_fit: np.ndarray, avail: np.ndarray,
+                     unmeasured: np.ndarray) -> tuple[np.ndarray, float, float, float]:
+        """Expected improvement over the best measured (log), the chance of a gain over min_gain, and the claimed
+        remaining regret, from the predicted gap to the best and its checked spread ``sd`` (what the stop rule, the
+        claim and the acquisition read). Returns (acquisition, p_improve, expected gain, claim)."""
+        lg = math.log1p(self.min_gain)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            z = np.where(sd > 0, gap / np.maximum(sd, 1e-12), np.sign(gap) * np.inf)
+            ei = np.where(sd > 0, sd * np.exp(-0.5 * z ** 2) / math.sqrt(2 * math.pi) + gap * ndtr(z),
+                          np.maximum(gap, 0.0)) * p_fit
+            zi = np.where(sd > 0, (gap - lg) / np.maximum(sd, 1e-12), np.where(gap > lg, np.inf, -np.inf))
+        pi = ndtr(zi) * p_fit
+        ei, pi = np.where(avail, ei, -np.inf), np.where(avail, pi, 0.0)
+        p_imp = float(pi.max()) if avail.any() else 0.0
+        gain = float(max(ei.max(), 0.0)) if avail.any() else 0.0
+        claim = remaining_regret(gap, sd, p_fit, unmeasured,
+                                 None if self.exact else (lambda rows: kappa ** 2 * self._joint_cov(rows)))
+        # ties (no spread, nothing better predicted): the best predicted candidate
+        return ei + 1e-9 * np.where(avail, gap, 0.0), p_imp, gain, claim
 
     def _same_structure(self, x: np.ndarray) -> np.ndarray:
         """Rows with the same structure and batching as features `x` (TP, SP, PP, VPP, CP, offload, EP, ETP,

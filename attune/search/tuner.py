@@ -628,7 +628,6 @@ class Tuner:
     def run(self) -> TuneOutcome:
         """Open (or resume) the study, measure the baseline, then one candidate per slot until a stop."""
         t0 = time.time()
-        cfg = self.cfg
         self.open_study()
         self._resume_state()
         if not self.measured():  # before the study's first trial: refuse to start on a cluster missing something
@@ -638,43 +637,20 @@ class Tuner:
         dry, stopped, stop_kind = 0, "", ""
         self.record_calibration()
         while True:
-            if self.n_complete() >= cfg.trials:
-                stop_kind, stopped = "trials", f"--trials {cfg.trials} completed measured trials reached"
-                break
-            if attempts >= ATTEMPTS_PER_TRIAL * cfg.trials + 2:
-                stop_kind, stopped = "attempts", f"{attempts} measured attempts (failures included) made"
+            stop = self._budget_stop(attempts)
+            if stop:
+                stop_kind, stopped = stop
                 break
             done = self.coordinate()
             if done is not None:
                 attempts += done
                 continue
-            if self.model_sampler is not None:
-                a = self.model_sampler.assess(self.study)
-                stop = self.stop_reason(a)
-                if stop:
-                    stop_kind, stopped = stop
-                    break
-                chosen = self.pick_model()
-                if chosen is None:
-                    stop_kind, stopped = "exhausted", "no unmeasured layout is predicted to fit"
-                    break
-            else:
-                stop = self.stop_reason(None)
-                if stop:
-                    stop_kind, stopped = stop
-                    break
-                best = self.best_measured()
-                best_pred = best.predicted_tokens_per_s_per_gpu if best else None
-                chosen = self.pick_tpe(self.propose(best_pred))
-                if chosen is None:
-                    dry += 1
-                    if dry >= max(DRY_ROUNDS, math.ceil(DRY_PROPOSALS / cfg.candidates)):
-                        stop_kind = "exhausted"
-                        stopped = (f"TPE proposed no new layout predicted to fit in {dry} rounds "
-                                   f"({dry * cfg.candidates} proposals)")
-                        break
-                    continue
-            dry = 0
+            stop, chosen, dry = self._choose(dry)
+            if stop:
+                stop_kind, stopped = stop
+                break
+            if chosen is None:  # TPE proposed nothing new this round
+                continue
             try:
                 rec = self.measure(*chosen, ROLE_CANDIDATE)
             finally:
@@ -688,6 +664,43 @@ class Tuner:
             self._say(f"best {b.value:,.1f} tokens/s/GPU ({b.label})" if b else "no measured result yet",
                       completed=self.n_complete())
         self.fail_stale_trials()  # orphans too young to judge at the start
+        return self._outcome(t0, stopped, stop_kind)
+
+    def _budget_stop(self, attempts: int) -> tuple[str, str] | None:
+        """(kind, reason) when the trial budget or the attempts allowed for it are used up."""
+        cfg = self.cfg
+        if self.n_complete() >= cfg.trials:
+            return "trials", f"--trials {cfg.trials} completed measured trials reached"
+        if attempts >= ATTEMPTS_PER_TRIAL * cfg.trials + 2:
+            return "attempts", f"{attempts} measured attempts (failures included) made"
+        return None
+
+    def _choose(self, dry: int) -> tuple[tuple[str, str] | None, tuple | None, int]:
+        """The next candidate: (stop, chosen, dry rounds). The model sampler's best unless its stop rule fires or
+        nothing is left; otherwise TPE's proposal, stopping after enough dry rounds of nothing new."""
+        if self.model_sampler is not None:
+            stop = self.stop_reason(self.model_sampler.assess(self.study))
+            if stop:
+                return stop, None, dry
+            chosen = self.pick_model()
+            if chosen is None:
+                return ("exhausted", "no unmeasured layout is predicted to fit"), None, dry
+            return None, chosen, 0
+        stop = self.stop_reason(None)
+        if stop:
+            return stop, None, dry
+        best = self.best_measured()
+        chosen = self.pick_tpe(self.propose(best.predicted_tokens_per_s_per_gpu if best else None))
+        if chosen is not None:
+            return None, chosen, 0
+        dry += 1
+        if dry >= max(DRY_ROUNDS, math.ceil(DRY_PROPOSALS / self.cfg.candidates)):
+            return ("exhausted", f"TPE proposed no new layout predicted to fit in {dry} rounds "
+                                 f"({dry * self.cfg.candidates} proposals)"), None, dry
+        return None, None, dry
+
+    def _outcome(self, t0: float, stopped: str, stop_kind: str) -> TuneOutcome:
+        """The study's result: baseline, best measured, and the model sampler's last claim and top predictions."""
         baseline = next((r for r in self.measured() if r.role == ROLE_BASELINE), None)
         regret = p_imp = None
         top = []

@@ -71,27 +71,37 @@ def mismatches(a: dict, b: dict) -> list[str]:
                   and b[k] != 0.0]
 
 
-def draw(model, cluster, engine, wl, n: int, seed: int, extra: dict | None = None) -> list:
-    """n random layouts the scalar estimator accepts: the default space's knobs with communication overlap."""
-    base = load_space(None)
-    space = SearchSpace(name="batch", path="", knobs=dict(base.knobs, comm_overlap=(False, True), **(extra or {})),
-                        fixed=dict(base.fixed))
+def draw_from(space: SearchSpace, model, cluster, engine, wl, n: int, seed: int, flips_of, tries_per: int) -> list:
+    """n random layouts of ``space`` that the estimator accepts, each changed by ``flips_of(rng)`` (a dict of
+    Layout fields), within ``tries_per * n`` tries."""
     rng = np.random.default_rng(seed)
     out, tries = [], 0
-    while len(out) < n and tries < 60 * n:
+    while len(out) < n and tries < tries_per * n:
         tries += 1
         params = {k: (lambda d: d[int(rng.integers(len(d)))])(space.domain(k)) for k in space.knobs}
         try:
             lay = space.to_layout(params, model, cluster.world_size, wl, engine)
-            flips = {k: v for k, v in FLIPS.items() if rng.random() < 0.12}
-            if flips.get("account_for_embedding") or flips.get("account_for_loss"):
-                flips.update(first=None, last=None, pipeline_layout=None)
-            lay = dataclasses.replace(lay, **flips)
+            lay = dataclasses.replace(lay, **flips_of(rng))
             estimate(model, cluster, lay, wl, engine, check_layout=False)
         except (AttuneError, ZeroDivisionError):
             continue
         out.append(lay)
     return out
+
+
+def _dense_flips(rng) -> dict:
+    flips = {k: v for k, v in FLIPS.items() if rng.random() < 0.12}
+    if flips.get("account_for_embedding") or flips.get("account_for_loss"):
+        flips.update(first=None, last=None, pipeline_layout=None)
+    return flips
+
+
+def draw(model, cluster, engine, wl, n: int, seed: int, extra: dict | None = None) -> list:
+    """n random layouts the estimator accepts: the default space's knobs with communication overlap."""
+    base = load_space(None)
+    space = SearchSpace(name="batch", path="", knobs=dict(base.knobs, comm_overlap=(False, True), **(extra or {})),
+                        fixed=dict(base.fixed))
+    return draw_from(space, model, cluster, engine, wl, n, seed, _dense_flips, 60)
 
 
 CASES = [("Qwen3.6-27B", "8xH200", "slime"), ("Qwen3.6-27B", "16xH100", "megatron"),

@@ -25,7 +25,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attune.errors import AttuneError
 from attune.estimator import estimate, estimate_batch
 from attune.estimator.batch_tables import merged_order
 from attune.estimator.coefficients import Coefficients
@@ -54,31 +53,23 @@ def _subset(rng, names: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(n for n in names if rng.random() < 0.4) or (names[int(rng.integers(len(names)))],)
 
 
+def _moe_flips(rng) -> dict:
+    flips = {k: v for k, v in FLIPS.items() if rng.random() < 0.15}
+    if flips.get("vpp"):
+        flips.update(first=None, last=None, pipeline_layout=None)
+    if rng.random() < 0.3:
+        flips.update(recompute_granularity="selective", recompute_method=None, recompute_num_layers=None,
+                     recompute_modules=_subset(rng, MODULES))
+    if rng.random() < 0.2:
+        flips["offload_modules"] = _subset(rng, OFFLOAD)
+    return flips
+
+
 def draw_moe(model, cluster, engine, wl, n: int, seed: int) -> list:
-    """n random layouts of the moe space (with flips) that the scalar estimator accepts."""
+    """n random layouts of the moe space (with flips) that the estimator accepts."""
     base = load_space("moe")
     space = SearchSpace(name="batch-moe", path="", knobs=dict(base.knobs), fixed=dict(base.fixed))
-    rng = np.random.default_rng(seed)
-    out, tries = [], 0
-    while len(out) < n and tries < 80 * n:
-        tries += 1
-        params = {k: (lambda d: d[int(rng.integers(len(d)))])(space.domain(k)) for k in space.knobs}
-        try:
-            lay = space.to_layout(params, model, cluster.world_size, wl, engine)
-            flips = {k: v for k, v in FLIPS.items() if rng.random() < 0.15}
-            if flips.get("vpp"):
-                flips.update(first=None, last=None, pipeline_layout=None)
-            if rng.random() < 0.3:
-                flips.update(recompute_granularity="selective", recompute_method=None, recompute_num_layers=None,
-                             recompute_modules=_subset(rng, MODULES))
-            if rng.random() < 0.2:
-                flips["offload_modules"] = _subset(rng, OFFLOAD)
-            lay = dataclasses.replace(lay, **flips)
-            estimate(model, cluster, lay, wl, engine, check_layout=False)
-        except (AttuneError, ZeroDivisionError):
-            continue
-        out.append(lay)
-    return out
+    return dense.draw_from(space, model, cluster, engine, wl, n, seed, _moe_flips, 80)
 
 
 def with_recipes(lays: list, recipes: tuple[str, ...], mtp: int, seed: int) -> list:

@@ -258,6 +258,9 @@ def forget_placements() -> None:
     _PLACEMENTS.clear()
 
 
+# batches of at most this many rows keep their placement between calls (rows): the calibration fit's per-target
+# batches (tens of rows) and single estimates are placed again on every evaluation otherwise; a search's slices
+# (BATCH_ROWS, 65,536 rows) are placed once and would only hold memory
 PLACEMENTS_KEPT_ROWS = 256
 """Batches up to this many layouts keep their placement (a search's table does not come through here)."""
 

@@ -36,12 +36,15 @@ from attune.spec.layout import Layout
 PRIOR_WIDTH_FRACTION = 0.25
 # run-to-run noise of a measured throughput, as a log standard deviation (2-5% between runs, issue 11)
 THROUGHPUT_NOISE = 0.03
+# prior spread of the recalibrated model's log throughput error away from measured layouts (10%: the seed
+# recipe's measured layouts are predicted within a few percent, untried regions of the space less well)
+PRIOR_SPREAD = 0.10
 # standard deviation of a measured layout's log throughput about the coefficients' prediction in the refit: the
 # run-to-run noise and the model's structural error at that layout (knob effects no coefficient carries, which the
-# sampler's residual GP models: `attune.search.sampler.PRIOR_SPREAD`, 10%). Weighted by the run-to-run noise alone,
+# sampler's residual GP models: `PRIOR_SPREAD`, 10%). Weighted by the run-to-run noise alone,
 # the refit explains one measurement's whole structural error by the coefficients, and moves every layout that shares
 # them
-FIT_RESIDUAL_SD = math.hypot(THROUGHPUT_NOISE, 0.10)
+FIT_RESIDUAL_SD = math.hypot(THROUGHPUT_NOISE, PRIOR_SPREAD)
 # memory: prior standard deviation of the offset common to every stage, as a fraction of capacity (the
 # calibration's peak-memory MAPE is 4.9%, `attune calibrate` on memory.yaml), of a stage position's deviation from
 # it (first / last stage buffers, 1% of capacity), and of one measured stage peak (allocator noise, GiB)

@@ -47,6 +47,7 @@ from attune.search.options import TuneOptions
 from attune.search.recalibrate import (
     FIT_RESIDUAL_SD,
     POSITIONS,
+    PRIOR_SPREAD,
     THROUGHPUT_NOISE,
     Calibration,
     Measurement,
@@ -58,9 +59,6 @@ from attune.search.space import FEATURES, layout_features, layout_from_dict, lay
 from attune.spec.columns import LayoutColumns
 from attune.spec.layout import Layout
 
-# prior spread of the recalibrated model's log throughput error away from measured layouts (10%: the seed
-# recipe's measured layouts are predicted within a few percent, untried regions of the space less well)
-PRIOR_SPREAD = 0.10
 # weight of that prior, in pseudo-observations, against the residuals of the study's measurements
 PRIOR_WEIGHT = 2.0
 # correlation length of the residual GP over knob distance (knob steps, see space.FEATURES)

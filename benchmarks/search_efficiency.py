@@ -62,6 +62,7 @@ strategy gets the same number of trials. Worlds run in parallel worker processes
 from __future__ import annotations  # entry point
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -136,6 +137,10 @@ MEMORY_FRAGMENTATION = (0.0, 0.03)
 # every trial pays a start-up (process launch, model build, checkpoint load) before its first step, seconds:
 # an assumption (a few minutes for a 27B checkpoint on one node); an OOM trial pays it and one step
 STARTUP_S = 180.0
+# where a study's journal lives while it runs: memory-backed /dev/shm where there is one (the journal storage
+# fsyncs every write, ~1,400 per 10-trial TPE study: seconds idle, minutes on a loaded shared disk); else the
+# system's temporary folder
+SCRATCH = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
 
 
 def make_world(target, rng, shipped):
@@ -195,6 +200,12 @@ def make_structural_world(target, rng, baseline):
     cap = cluster.gpu.capacity_gib
     idx = {f: i for i, f in enumerate(FEATURES)}
     pp = np.array([lay.pp for lay in layouts])
+    stages = np.full((len(layouts), int(pp.max())), np.nan)  # predicted peak per stage, GiB (NaN past the last)
+    stages[:len(table), :table.stage_peaks_gib.shape[1]] = table.stage_peaks_gib
+    if len(layouts) > len(table):
+        stages[-1, :len(stage_gib[-1])] = stage_gib[-1]
+    s_idx = np.arange(stages.shape[1])[None, :]
+    has_stage = s_idx < pp[:, None]
     for _ in range(30):
         eff = sum(F[:, idx[f]] * rng.normal(m, sd) for f, m, sd in STRUCT_EFFECTS)
         rec = F[:, idx["selective"]] + F[:, idx["full"]] * (1 + F[:, idx["recompute_fraction"]])
@@ -210,13 +221,13 @@ def make_structural_world(target, rng, baseline):
         by_pp = {p: rng.uniform(-STRUCT_MEMORY_PP, STRUCT_MEMORY_PP) * cap for p in sorted(set(pp))}
         noise = rng.uniform(0.02, 0.05)
         true = np.exp(np.log(np.nan_to_num(tokens, nan=1e-9)) + eff)
-        peaks = []
-        for i, st in enumerate(stage_gib):
-            n = len(st)
-            peaks.append(tuple(p * (1 + scale) + float(np.clip(
-                by_pos[0 if s == 0 else 2 if s == n - 1 else 1] + by_pp[pp[i]], -STRUCT_MEMORY_CLIP * cap,
-                STRUCT_MEMORY_CLIP * cap)) for s, p in enumerate(st)))
-        top = np.array([max(p) for p in peaks])
+        # every stage's peak x (1 + scale) + its position's and its PP degree's offset, clipped (as columns:
+        # rows x stages, -inf past a layout's last stage)
+        where = np.where(s_idx == 0, 0, np.where(s_idx == pp[:, None] - 1, 2, 1))
+        off = np.clip(by_pos[where] + np.array([by_pp[p] for p in pp])[:, None], -STRUCT_MEMORY_CLIP * cap,
+                      STRUCT_MEMORY_CLIP * cap)
+        peaks = np.where(has_stage, stages * (1 + scale) + off, -np.inf)
+        top = peaks.max(axis=1)
         fit = np.isfinite(tokens) & host & (top <= cap)
         if not fit.any():
             continue
@@ -226,19 +237,32 @@ def make_structural_world(target, rng, baseline):
             break
     rows, truth = [], {}
     gpus = cluster.world_size
+    oom_stage = np.where(has_stage, peaks - cap, -np.inf).argmax(axis=1).tolist()
+    peak_rows = [tuple(r[:n]) for r, n in zip(peaks.tolist(), pp.tolist())]
+    keys = _layout_keys(table, layouts, L)
     for i, lay in enumerate(layouts):
         st = table.step_time_s[i] if i < len(table) and np.isfinite(table.step_time_s[i]) else 10.0
         if not fit[i]:
-            stage = int(np.argmax(np.array(peaks[i]) - cap))
-            rows.append(ReplayRow(line=i + 2, layout=lay, outcome="oom", peak_gib=peaks[i], oom_stage=stage,
+            rows.append(ReplayRow(line=i + 2, layout=lay, outcome="oom", peak_gib=peak_rows[i], oom_stage=oom_stage[i],
                                   gpu_hours=gpus * (STARTUP_S + st) / 3600.0))
             continue
-        truth[layout_key(lay, L)] = float(true[i])
+        truth[keys[i]] = float(true[i])
         t = float(true[i]) * math.exp(rng.normal(0, noise))
         step = workload.tokens_per_step / (t * gpus)
         rows.append(ReplayRow(line=i + 2, layout=lay, outcome="ok", tokens_per_s_per_gpu=t, step_time_s=step,
-                              peak_gib=peaks[i], gpu_hours=gpus * (STARTUP_S + workload.steps * step) / 3600.0))
+                              peak_gib=peak_rows[i], gpu_hours=gpus * (STARTUP_S + workload.steps * step) / 3600.0))
     return rows, truth, margin
+
+
+_KEYS: dict = {}  # (id of a target's scored table, rows) -> the layout keys of its worlds' rows (per process)
+
+
+def _layout_keys(table, layouts, num_layers):
+    """layout_key of every layout of a world (the same for every world of a target: computed once per process)."""
+    k = (id(table), len(layouts))
+    if k not in _KEYS:
+        _KEYS[k] = [layout_key(lay, num_layers) for lay in layouts]
+    return _KEYS[k]
 
 
 def trace_of(runner, target, layouts):
@@ -253,7 +277,7 @@ def trace_of(runner, target, layouts):
 
 def run_tuner(target, runner, baseline, note, trials, sampler, recal, seed, stop_rule=False, info=None):
     model, cluster, workload, engine, space, _ = target
-    with tempfile.TemporaryDirectory() as d:
+    with tempfile.TemporaryDirectory(dir=SCRATCH) as d:
         cfg = TuneConfig(model=model, cluster=cluster, engine=engine, workload=workload, space=space, runner=runner,
                          baseline=baseline, baseline_note=note, trials=trials, candidates=32, seed=seed,
                          storage=str(Path(d) / "s.journal"), out_dir=Path(d), sampler=sampler, recalibrate=recal,
@@ -450,7 +474,8 @@ def main(argv=None) -> int:
     ap.add_argument("--merge", nargs="+", default=None,
                     help="report the worlds of saved runs (--save files, later files adding strategies to the same "
                          "worlds) instead of running anything")
-    ap.add_argument("--jobs", type=int, default=default_workers(), help="worker processes (one world each)")
+    ap.add_argument("--jobs", type=int, default=default_workers(), help="worker processes (one world each); 1: the worlds run in this process (so "
+                         "`python -m cProfile` sees the studies)")
     ap.add_argument("--out", default=str(Path(__file__).parent))
     a = ap.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -476,8 +501,10 @@ def main(argv=None) -> int:
           else [int(x) for x in a.world_list.split(",")])
     jobs = [(ti, w, a.trials) for ti in range(len(targets)) if only is None or ti in only for w in wl]
     fn = run_structural_world if structural else run_world
-    with ProcessPoolExecutor(max_workers=max(1, a.jobs), mp_context=multiprocessing.get_context("fork")) as pool:
-        for out in pool.map(fn, jobs):
+    pool = (None if a.jobs <= 1 else  # --jobs 1: in this process (cProfile sees the studies)
+            ProcessPoolExecutor(max_workers=a.jobs, mp_context=multiprocessing.get_context("fork")))
+    with pool or contextlib.nullcontext():
+        for out in (pool.map(fn, jobs) if pool else map(fn, jobs)):
             ti, w, best, m = out[:4]
             extra, claim = "", None
             if structural and STRUCTURAL_STRATEGIES[0] in m:

@@ -452,6 +452,9 @@ def main(argv=None) -> int:
     ap.add_argument("--held-out-from", type=int, default=None,
                     help="also report the worlds numbered below this and from this on apart (tuned and held-out "
                          "worlds of one run: the targets' spaces are scored once)")
+    ap.add_argument("--groups", default=None,
+                    help="also report these groups of world numbers apart: comma-separated ranges, e.g. "
+                         "0-7,8-14,15-19,20-24 (tuned, held out, new and fresh worlds)")
     ap.add_argument("--trials", type=int, default=10, help="measured trials per strategy and world")
     ap.add_argument("--targets", default=None,
                     help="comma-separated target numbers to run (structural: 0 Qwen3.6-27B, 1 Llama-3.1-70B, "
@@ -538,11 +541,19 @@ def merged(paths):
 
 def report(per_world, targets, strategies, structural, a, t0) -> int:
     """The summary tables (all worlds; tuned and held-out apart with --held-out-from; per target) and the plot."""
+    for s in strategies:
+        missing = sum(1 for x in per_world if s not in x[2])
+        if 0 < missing < len(per_world):
+            print(f"not reported: {s}, missing in {missing} of {len(per_world)} worlds (select the worlds every "
+                  "strategy ran with --targets / --world-list)")
     strategies = tuple(s for s in strategies if all(s in x[2] for x in per_world))
     groups = [("all", per_world)]
     if a.held_out_from is not None:
         groups += [(f"worlds below {a.held_out_from} (tuned on)", [x for x in per_world if x[1] < a.held_out_from]),
                    (f"worlds {a.held_out_from} and above (held out)", [x for x in per_world if x[1] >= a.held_out_from])]
+    for g in (a.groups.split(",") if a.groups else ()):
+        lo, _, hi = g.partition("-")
+        groups.append((f"worlds {g}", [x for x in per_world if int(lo) <= x[1] <= int(hi or lo)]))
     for gname, sel in groups:
         if not sel:
             continue

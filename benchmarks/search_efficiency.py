@@ -28,8 +28,9 @@ The targets: a dense model on 8 x H200 (Qwen3.6-27B, the default dense space), a
 (Llama-3.1-70B on 64 x H200, the reduced space benchmarks/spaces/dense64.yaml: the full dense space enumerates
 slowly at 64 GPUs) and a MoE model (Qwen3-30B-A3B on 8 x H200, the bundled moe space). Strategies, all through
 the replay runner: attune's default sampler with its stop rule (p_stop 0.05, min_gain 1%) up to --trials,
-plain TPE with the predicted memory as a constraint, random among the layouts predicted to fit, and the grid in
-predicted order (FlagScale AutoTuner's order). A sampler that stopped keeps its best at 5 and 10 trials. Per
+plain TPE with the predicted memory as a constraint (its proposals predicted out of memory are pruned without a
+measurement; at most --trials measured trials, the report's horizon), random among the layouts predicted to fit, and
+the grid in predicted order (FlagScale AutoTuner's order). A sampler that stopped keeps its best at 5 and 10 trials. Per
 world it also reports the stop rule's claimed remaining regret against the actual regret at its stop.
 
 **Coefficient worlds** (`--kind coefficient`, issue 11) are described below: the estimator itself with scaled

@@ -99,14 +99,16 @@ SCALE_PRIOR_SD = math.log(2.0)
 # (benchmarks/RESULTS.md, issue 20 fourth follow-up)
 EFFECT_PRIORS = False
 # whether an unmeasured TP x PP family whose best candidate could beat the best measured gets one trial
-# (attune.search.family_probe)
+# (attune.search.family_probe). Off by default: on the held-out Llama-3.1-70B worlds 8-14 of
+# benchmarks/search_efficiency.py it reached 2% in 4 of 7 against 5 (world 14 lost, 9 and 13 later), MoE 13 one
+# trial later (benchmarks/RESULTS.md, issue 20 fifth follow-up)
 FAMILY_PROBE = False
 # whether the acquisition prices a trial that may run out of memory by its expected cost: an OOM fails in its first
 # step, so it costs the start-up and one step against the start-up and the measured steps of a fit, about half a
 # trial (benchmarks/search_efficiency.py: STARTUP_S 180 s + one step against 180 s + 20 steps of ~10 s). Expected
 # improvement per expected trial, P(fit) EI / (P(fit) + (1 - P(fit)) OOM_TRIAL_COST), makes a layout near the
-# memory edge with a large predicted gain worth a trial sooner. Off by default (benchmarks/RESULTS.md, issue 20
-# fifth follow-up)
+# memory edge with a large predicted gain worth a trial sooner. Off by default: it changed no trajectory on the
+# held-out Llama-3.1-70B worlds 8-14 (benchmarks/RESULTS.md, issue 20 fifth follow-up)
 OOM_HALF_TRIAL = False
 OOM_TRIAL_COST = 0.5
 # spread of the recalibrated memory prediction, GiB (allocator fragmentation between runs)

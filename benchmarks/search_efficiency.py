@@ -474,6 +474,12 @@ def main(argv=None) -> int:
                     help="the default sampler with its coefficient refit weighed with the model's structural error and "
                          "its priors capped by their effect on the candidates (attune.search.sampler EFFECT_PRIORS; off "
                          "by default)")
+    ap.add_argument("--family-probe", action="store_true",
+                    help="the default sampler with one trial per unmeasured TP x PP family whose best candidate could "
+                         "beat the best measured (attune.search.sampler FAMILY_PROBE; attune.search.family_probe)")
+    ap.add_argument("--oom-half-trial", action="store_true",
+                    help="the default sampler's acquisition per expected trial, an OOM costing half a trial "
+                         "(attune.search.sampler OOM_HALF_TRIAL)")
     ap.add_argument("--save", default=None, help="write every world's metrics to this JSON file")
     ap.add_argument("--merge", nargs="+", default=None,
                     help="report the worlds of saved runs (--save files, later files adding strategies to the same "
@@ -499,6 +505,10 @@ def main(argv=None) -> int:
         sampler_module.EMPIRICAL_SCALES = sampler_module.SPREAD_CHECK = True
     if a.structural_refit:
         sampler_module.EFFECT_PRIORS = True
+    if a.family_probe:
+        sampler_module.FAMILY_PROBE = True
+    if a.oom_half_trial:
+        sampler_module.OOM_HALF_TRIAL = True
     load_targets(targets, only, a.cache)
     per_world = []  # (target number, world number, {strategy: metrics}, claim tuple or None)
     wl = (range(a.first_world, a.first_world + a.worlds) if a.world_list is None

@@ -42,7 +42,7 @@ from scipy.special import ndtr
 from attune.estimator import estimate_batch
 from attune.estimator.coefficients import Coefficients
 from attune.search import edge as edge_module
-from attune.search import spread_check
+from attune.search import family_probe, spread_check
 from attune.search.options import TuneOptions
 from attune.search.recalibrate import (
     FIT_RESIDUAL_SD,
@@ -98,6 +98,19 @@ SCALE_PRIOR_SD = math.log(2.0)
 # 0.28%) but reached 2% in 35 worlds against 36 without it (Llama world 14 lost at trial 10), so reach did not improve
 # (benchmarks/RESULTS.md, issue 20 fourth follow-up)
 EFFECT_PRIORS = False
+# whether an unmeasured TP x PP family whose best candidate could beat the best measured gets one trial
+# (attune.search.family_probe). Off by default: on the held-out Llama-3.1-70B worlds 8-14 of
+# benchmarks/search_efficiency.py it reached 2% in 4 of 7 against 5 (world 14 lost, 9 and 13 later), MoE 13 one
+# trial later (benchmarks/RESULTS.md, issue 20 fifth follow-up)
+FAMILY_PROBE = False
+# whether the acquisition prices a trial that may run out of memory by its expected cost: an OOM fails in its first
+# step, so it costs the start-up and one step against the start-up and the measured steps of a fit, about half a
+# trial (benchmarks/search_efficiency.py: STARTUP_S 180 s + one step against 180 s + 20 steps of ~10 s). Expected
+# improvement per expected trial, P(fit) EI / (P(fit) + (1 - P(fit)) OOM_TRIAL_COST), makes a layout near the
+# memory edge with a large predicted gain worth a trial sooner. Off by default: it changed no trajectory on the
+# held-out Llama-3.1-70B worlds 8-14 (benchmarks/RESULTS.md, issue 20 fifth follow-up)
+OOM_HALF_TRIAL = False
+OOM_TRIAL_COST = 0.5
 # spread of the recalibrated memory prediction, GiB (allocator fragmentation between runs)
 MEMORY_SPREAD_GIB = 1.0
 # layouts re-estimated exactly after a recalibration (the best by the linearised rescoring)
@@ -206,6 +219,8 @@ class Assessment:
     """The edge step proposed (attune.search.edge): row, after_trial, from, why, kind, to, p_fit; else None."""
     oom_neighbour: int | None = None
     """Row of an unmeasured neighbour of a measured OOM predicted better than the best measured (None: none)."""
+    family_probe: dict | None = None
+    """The family probe proposed (attune.search.family_probe): row, family, p_improve; else None."""
     spread_factor: float = 1.0
     """The study's check of its own spread (attune.search.spread_check): `spread` times this is what the stop
     rule, the claimed remaining regret and the acquisition read."""
@@ -253,6 +268,7 @@ class ModelGuidedSampler(BaseSampler):
         self._single = self._pp == 1
         self._oom_floors: list[tuple[int, int, float]] = []  # (PP, position, shipped predicted GiB) of real OOMs
         self._caps: dict[str, float] | None = None
+        self._probe_rows: set[int] = set()  # rows proposed as family probes (attune.search.family_probe)
 
     # ------------------------------------------------------------------ Optuna's sampler interface
     def infer_relative_search_space(self, study, trial):
@@ -373,16 +389,34 @@ class ModelGuidedSampler(BaseSampler):
         else:
             acq, p_imp, gain, claim = self._acquisition(mu - y, spread * kappa, kappa, p_fit, avail, unmeasured)
         cand = int(np.argmax(acq)) if avail.any() else None
+        probe = None if edge is not None or best is None else self._family_probe(meas, mu - y, spread * kappa,
+                                                                                  p_fit, acq, avail, L, cand)
         if edge is not None:
             cand = edge["row"]
+        elif probe is not None:
+            cand = probe["row"]
         elif guard is not None and cand is None:
             cand = guard
         self._sig = sig
         self._assessment = Assessment(candidate=cand, p_improve=p_imp, expected_gain=gain, best_tokens=best,
                                       candidates=int(avail.sum()), calibration=cal, mean_log=mu, spread=spread,
                                       peak_gib=peak, p_fit=p_fit, remaining_regret=claim, edge_step=edge,
-                                      oom_neighbour=guard, spread_factor=kappa)
+                                      oom_neighbour=guard, spread_factor=kappa, family_probe=probe)
         return self._assessment
+
+    def _family_probe(self, meas, gap, sd, p_fit, acq, avail, L, chosen) -> dict | None:
+        """One trial for an unmeasured TP x PP family that could hold the best (attune.search.family_probe), when
+        FAMILY_PROBE is on and the runner is measured; else None."""
+        if not FAMILY_PROBE or self.exact:
+            return None
+        rows = [self.table.row(layout_key(m.layout, L)) for _, m in meas]
+        X = np.array([layout_features(m.layout, L) for _, m in meas])
+        taken = sum(1 for r in rows if r in self._probe_rows)
+        pi = family_probe.p_improve(gap, sd, p_fit, self.min_gain)
+        probe = family_probe.family_probe(self.table.features, X, taken, pi, acq, avail, len(meas), chosen)
+        if probe is not None:
+            self._probe_rows.add(probe["row"])
+        return probe
 
     def _measured_oom_floors(self, meas: list, L: int) -> list[tuple[int, int, float]]:
         """(PP, stage position, predicted GiB) of each measured OOM's stage: a floor the stage's memory is over."""
@@ -431,6 +465,8 @@ class ModelGuidedSampler(BaseSampler):
                           np.maximum(gap, 0.0)) * p_fit
             zi = np.where(sd > 0, (gap - lg) / np.maximum(sd, 1e-12), np.where(gap > lg, np.inf, -np.inf))
         pi = ndtr(zi) * p_fit
+        if OOM_HALF_TRIAL:  # per expected trial: an OOM costs OOM_TRIAL_COST of one
+            ei = ei / np.maximum(p_fit + (1.0 - p_fit) * OOM_TRIAL_COST, 1e-12)
         ei, pi = np.where(avail, ei, -np.inf), np.where(avail, pi, 0.0)
         p_imp = float(pi.max()) if avail.any() else 0.0
         gain = float(max(ei.max(), 0.0)) if avail.any() else 0.0

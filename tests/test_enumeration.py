@@ -94,15 +94,15 @@ def test_moe_space_equal():
 
 def test_llama_64_gpus_equal(tmp_path):
     """Llama-3.1-70B on 64 x H100 (layout strings, DP up to 64, the grown global batch), the dense space with
-    narrower offsets and recompute counts so the reference finishes in seconds; the whole space is in the slow
-    lane."""
+    narrower offsets and recompute counts, every layout of it as columns against the reference on whole strata
+    (`_same_strata`) other than the slow lane's whole-space ones: every TP, PP, CP and DP 64, 8, 2, 1."""
     data = yaml.safe_load((resources.files("attune.search.spaces") / "dense.yaml").read_text())
     data["knobs"]["first_offset"] = {"low": -3, "high": 3}
     data["knobs"]["last_offset"] = {"low": -3, "high": 3}
     data["knobs"]["recompute_layers"] = {"low": 1, "high": 6}
     p = tmp_path / "narrow.yaml"
     p.write_text(yaml.safe_dump(data))
-    assert _same("Llama-3.1-70B", "64xH100", load_space(p)) > 10_000
+    assert _same_strata("Llama-3.1-70B", "64xH100", load_space(p), [(1, 1, 1), (2, 8, 2), (4, 2, 1), (8, 4, 2)]) > 10_000
 
 
 @pytest.mark.slow

@@ -83,8 +83,12 @@ def _same_strata(model_name: str, gpus: str, space, strata: list[tuple[int, int,
 
 
 def test_main_command_space_equal():
-    """Qwen3.6-27B on 8 x H200, the dense space (116,148 layouts with communication overlap; Qwen3.5 refuses layout strings on slime)."""
-    assert _same("Qwen3.6-27B", "8xH200", load_space(None)) > 60_000
+    """Qwen3.6-27B on 8 x H200, the dense space (181,314 layouts in 15 (TP, PP, CP) strata; Qwen3.5 refuses layout
+    strings on slime): every layout as columns against the reference on the strata of the main command's winner (TP1
+    PP8), the seed's (TP1 PP4 DP2) and slime's baseline (TP4 PP2), with every TP, PP, CP and DP 8, 4, 2, 1 (about
+    72,000 layouts; `_same_strata`)."""
+    strata = [(1, 1, 1), (1, 2, 2), (1, 4, 1), (1, 8, 1), (2, 1, 2), (2, 2, 2), (4, 2, 1)]
+    assert _same_strata("Qwen3.6-27B", "8xH200", load_space(None), strata) > 60_000
 
 
 def test_moe_space_equal():

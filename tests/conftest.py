@@ -1,3 +1,5 @@
+import sys
+
 import pytest
 
 from attune.spec.engine import get_engine
@@ -45,3 +47,13 @@ def seed_cases():
 @pytest.fixture(scope="session")
 def seed_workload():
     return Workload(seq_length=8192, global_batch=128)
+
+
+def pytest_runtest_setup(item):
+    """In-process torch runs on one intra-op thread (the torch runner's workers already do: OMP_NUM_THREADS=1). With
+    torch's default of one thread per core, OpenMP's spinning threads make a 2-core machine doing anything else
+    several times slower: tests/test_torchmodels.py::test_tiny_qwen35_trains_single_process took 84 s wall / 88 s
+    CPU with 2 threads against 25 s / 23 s with 1 beside one other busy process (2026-12-02, benchmarks/RESULTS.md)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)

@@ -3,6 +3,7 @@ parameter sets, layout keys and knob-distance features as the reference `SearchS
 
 from __future__ import annotations
 
+import dataclasses
 from importlib import resources
 
 import numpy as np
@@ -46,9 +47,48 @@ def _same(model_name: str, gpus: str, space, engine: str = "slime") -> int:
     return len(ref)
 
 
+
+def _same_strata(model_name: str, gpus: str, space, strata: list[tuple[int, int, int]], engine: str = "slime") -> int:
+    """`_same` on whole (TP, PP, CP) strata of a space: the columns of the WHOLE space, restricted to the rows of one
+    stratum, equal the reference enumeration of that stratum (the space with TP, PP and CP fixed to its values),
+    layout by layout and field by field, with the same parameter sets and (on a sample) keys and features.
+
+    Why a stratum stands for itself exactly: TP, PP and CP are the reference's outer loop and enter every layout's
+    identity (`layout_key`), so no layout of one stratum deduplicates against another's, and within a stratum both
+    enumerations expand every other knob over its whole domain (every split offset, VPP, layout string, recompute
+    method and count, offload, overlap, rows per microbatch). Returns the number of layouts compared."""
+    model, cluster, eng = load_model(model_name), parse_cluster(gpus), get_engine(engine)
+    wl, _ = batch_for_cluster(Workload(), cluster.world_size)
+    es = enumerate_columns(space, model, cluster.world_size, wl, eng)
+    L = model.num_layers
+    seen = {(int(t), int(p), int(c)) for t, p, c in zip(es.cols["tp"], es.cols["pp"], es.cols["cp"])}
+    compared = 0
+    for tp, pp, cp in strata:
+        assert (tp, pp, cp) in seen, (tp, pp, cp)  # the whole space has this stratum
+        sub = dataclasses.replace(space, knobs={**space.knobs, "tp": (tp,), "pp": (pp,), "cp": (cp,)})
+        ref = sub.enumerate(model, cluster.world_size, wl, eng)
+        rows = np.flatnonzero((es.cols["tp"] == tp) & (es.cols["pp"] == pp) & (es.cols["cp"] == cp))
+        assert len(rows) == len(ref) > 0, (tp, pp, cp)
+        want = LayoutColumns.from_layouts(lay for _, lay in ref)
+        for name in FIELDS:  # every layout of the stratum, field by field
+            assert np.array_equal(es.cols[name][rows], want[name], equal_nan=want[name].dtype.kind == "f"), name
+        assert [es.params(int(i)) for i in rows] == [p for p, _ in ref]
+        for j in np.random.default_rng(0).choice(len(ref), size=min(len(ref), 500), replace=False):
+            i, lay = int(rows[j]), ref[j][1]
+            key = layout_key(lay, L)
+            assert es.cols.layout(i) == lay and es.key(i) == key and es.row_of_key(key) == i, i
+            np.testing.assert_allclose(es.features[i], layout_features(lay, L), rtol=0, atol=1e-12)
+        compared += len(ref)
+    return compared
+
+
 def test_main_command_space_equal():
-    """Qwen3.6-27B on 8 x H200, the dense space (116,148 layouts with communication overlap; Qwen3.5 refuses layout strings on slime)."""
-    assert _same("Qwen3.6-27B", "8xH200", load_space(None)) > 60_000
+    """Qwen3.6-27B on 8 x H200, the dense space (181,314 layouts in 15 (TP, PP, CP) strata; Qwen3.5 refuses layout
+    strings on slime): every layout as columns against the reference on the strata of the main command's winner (TP1
+    PP8), the seed's (TP1 PP4 DP2) and slime's baseline (TP4 PP2), with every TP, PP, CP and DP 8, 4, 2, 1 (about
+    72,000 layouts; `_same_strata`)."""
+    strata = [(1, 1, 1), (1, 2, 2), (1, 4, 1), (1, 8, 1), (2, 1, 2), (2, 2, 2), (4, 2, 1)]
+    assert _same_strata("Qwen3.6-27B", "8xH200", load_space(None), strata) > 60_000
 
 
 def test_moe_space_equal():
@@ -58,21 +98,24 @@ def test_moe_space_equal():
 
 def test_llama_64_gpus_equal(tmp_path):
     """Llama-3.1-70B on 64 x H100 (layout strings, DP up to 64, the grown global batch), the dense space with
-    narrower offsets and recompute counts so the reference finishes in seconds; the whole space is in the slow
-    lane."""
+    narrower offsets and recompute counts, every layout of it as columns against the reference on whole strata
+    (`_same_strata`) other than the slow lane's whole-space ones: every TP, PP, CP and DP 64, 8, 2, 1."""
     data = yaml.safe_load((resources.files("attune.search.spaces") / "dense.yaml").read_text())
     data["knobs"]["first_offset"] = {"low": -3, "high": 3}
     data["knobs"]["last_offset"] = {"low": -3, "high": 3}
     data["knobs"]["recompute_layers"] = {"low": 1, "high": 6}
     p = tmp_path / "narrow.yaml"
     p.write_text(yaml.safe_dump(data))
-    assert _same("Llama-3.1-70B", "64xH100", load_space(p)) > 10_000
+    assert _same_strata("Llama-3.1-70B", "64xH100", load_space(p), [(1, 1, 1), (2, 8, 2), (4, 2, 1), (8, 4, 2)]) > 10_000
 
 
 @pytest.mark.slow
 def test_megatron_engine_equal():
-    """Llama-3.1-8B on Megatron-LM (no dynamic batching: rows are the microbatch size)."""
-    assert _same("Llama-3.1-8B", "8xH100", load_space(None), engine="megatron") > 10_000
+    """Llama-3.1-8B on Megatron-LM (no dynamic batching: rows are the microbatch size): the whole dense space as
+    columns (166,416 layouts in 16 strata) against the reference on whole (TP, PP, CP) strata holding every TP, PP,
+    CP and DP 8, 4, 2, 1 (about 51,000 layouts; `_same_strata`)."""
+    strata = [(1, 1, 1), (1, 4, 1), (1, 8, 1), (2, 1, 1), (2, 2, 2), (4, 1, 2), (8, 1, 1)]
+    assert _same_strata("Llama-3.1-8B", "8xH100", load_space(None), strata, engine="megatron") > 10_000
 
 
 def test_small_space_and_no_layout():
@@ -82,9 +125,19 @@ def test_small_space_and_no_layout():
         enumerate_columns(load_space("small"), model, 3, Workload(), eng)
 
 
+# Strata of Llama-3.1-70B 64 x H100's whole dense space (1,152,648 layouts in 31 (TP, PP, CP) strata) that hold every
+# value of TP (1, 2, 4, 8; SP forced off at TP 1, both SP values above), PP (1, 2, 4, 8: no split, the split with its
+# first offset, both offsets with layout strings at PP > 2, with and without VPP 2), CP (1, 2) and DP (64, 8, 4, 1:
+# overlap and offload with and without data parallelism), about 108,000 layouts: the reference enumerates a layout
+# about 10x slower than the columns, so the whole space cost minutes of the slow lane.
+WHOLE_SPACE_STRATA = [(1, 1, 1), (1, 4, 2), (2, 1, 1), (4, 2, 2), (8, 8, 1)]
+
+
 @pytest.mark.slow
 def test_llama_64_gpus_whole_space_equal():
-    assert _same("Llama-3.1-70B", "64xH100", load_space(None)) > 300_000
+    """The whole space enumerated as columns (all 1,152,648 layouts) agrees with the reference on whole strata that
+    cover every knob value (`_same_strata`)."""
+    assert _same_strata("Llama-3.1-70B", "64xH100", load_space(None), WHOLE_SPACE_STRATA) > 100_000
 
 
 def test_scored_space_reads_like_lists():

@@ -115,10 +115,11 @@ OOM_TRIAL_COST = 0.5
 # layout, with the baseline left out of it (its residual explained by the level and the local term only). The
 # baseline is measured because slime's layout is the comparison, not because the model proposed it: it sits far
 # from the candidates, and anchored there its residual and the first proposal's make a slope toward the baseline's
-# knobs. Off by default: it reached Qwen3.6-27B world 29 (5 trials, was 6.0% short) but lost Llama-3.1-70B world 14
-# (13.7% short at 10 trials, was reached at trial 10) and left Qwen3.6-27B worlds 9 and 22 as they were: there the
-# tilt is the coefficient refit's (the baseline's +26% moves the host optimizer's efficiency by 2.15 in log), the
-# linear term's share at the missed best is 5% (benchmarks/RESULTS.md, issue 20 sixth follow-up)
+# knobs. Off by default: on the structural worlds run it reached Qwen3.6-27B world 29 and Llama-3.1-70B world 6 but lost
+# Llama-3.1-70B world 14 (13.7% short at 10 trials, was reached at trial 10; Llama regret @10 0.94% to 1.41%),
+# and left Qwen3.6-27B worlds 9 and 22 as they were: in 22 the tilt is the coefficient refit's (the baseline's +26%
+# moves the host optimizer's efficiency by 2.15 in log), the linear term's share at the missed best about 5%
+# (benchmarks/RESULTS.md, issue 20 sixth follow-up)
 BASELINE_OUT_OF_LINEAR = False
 # spread of the recalibrated memory prediction, GiB (allocator fragmentation between runs)
 MEMORY_SPREAD_GIB = 1.0

@@ -477,6 +477,9 @@ def main(argv=None) -> int:
     ap.add_argument("--family-probe", action="store_true",
                     help="the default sampler with one trial per unmeasured TP x PP family whose best candidate could "
                          "beat the best measured (attune.search.sampler FAMILY_PROBE; attune.search.family_probe)")
+    ap.add_argument("--baseline-out-of-linear", action="store_true",
+                    help="anchor the residual GP's linear term at the first measured proposal and leave the baseline "
+                         "out of it (attune.search.sampler BASELINE_OUT_OF_LINEAR)")
     ap.add_argument("--oom-half-trial", action="store_true",
                     help="the default sampler's acquisition per expected trial, an OOM costing half a trial "
                          "(attune.search.sampler OOM_HALF_TRIAL)")
@@ -509,6 +512,8 @@ def main(argv=None) -> int:
         sampler_module.FAMILY_PROBE = True
     if a.oom_half_trial:
         sampler_module.OOM_HALF_TRIAL = True
+    if a.baseline_out_of_linear:
+        sampler_module.BASELINE_OUT_OF_LINEAR = True
     load_targets(targets, only, a.cache)
     per_world = []  # (target number, world number, {strategy: metrics}, claim tuple or None)
     wl = (range(a.first_world, a.first_world + a.worlds) if a.world_list is None

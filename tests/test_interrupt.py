@@ -59,6 +59,14 @@ _TUNER = textwrap.dedent("""
 """)
 
 
+def _lives(p: psutil.Process) -> bool:
+    """Whether a process of the trial tree still runs: gone, reaped or a zombie (exited, its files closed) is not."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def test_sigkilled_tuner_takes_its_trial_tree_down_and_keeps_the_lock_until_then(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     tuner = subprocess.Popen([sys.executable, "-c", _TUNER, str(tmp_path), str(tmp_path / "log.txt")], env=env)
@@ -81,13 +89,13 @@ def test_sigkilled_tuner_takes_its_trial_tree_down_and_keeps_the_lock_until_then
     try:
         t_kill = time.monotonic()
         while time.monotonic() - t_kill < 5:
-            alive = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 got = True
             except BlockingIOError:
                 got = False
-            if got:
+            if got:  # the tree is looked at after the lock is taken: a process dying in between is not a leak
+                alive = [p for p in tree if _lives(p)]
                 assert not alive, f"the device lock was free while {alive} lived"
                 break
             time.sleep(0.02)
@@ -95,7 +103,7 @@ def test_sigkilled_tuner_takes_its_trial_tree_down_and_keeps_the_lock_until_then
     finally:
         os.close(fd)
     assert took < 2.0, f"the trial tree lived {took:.2f} s after the tuner's SIGKILL"
-    assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not [p for p in tree if _lives(p)]
 
 
 def test_device_lock_exposes_its_fds(tmp_path):

@@ -442,6 +442,22 @@ def summary(results, strategies, trials) -> str:
     return "\n".join(lines)
 
 
+def world_groups(text: str) -> tuple[tuple[int, int], ...]:
+    """`--groups`: comma-separated world ranges "LO-HI" or single numbers, as (lo, hi) pairs; argparse's one-line
+    error names a range that is not one."""
+    out = []
+    for g in text.split(","):
+        lo, dash, hi = g.strip().partition("-")
+        try:
+            pair = (int(lo), int(hi if dash else lo))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{g!r} is not a world range: give LO-HI or N, e.g. 0-7,8-14") from None
+        if pair[0] > pair[1] or pair[0] < 0:
+            raise argparse.ArgumentTypeError(f"{g!r}: a range runs from a world number up to one not below it")
+        out.append(pair)
+    return tuple(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kind", choices=("structural", "coefficient"), default="structural",
@@ -453,7 +469,7 @@ def main(argv=None) -> int:
     ap.add_argument("--held-out-from", type=int, default=None,
                     help="also report the worlds numbered below this and from this on apart (tuned and held-out "
                          "worlds of one run: the targets' spaces are scored once)")
-    ap.add_argument("--groups", default=None,
+    ap.add_argument("--groups", type=world_groups, default=(),
                     help="also report these groups of world numbers apart: comma-separated ranges, e.g. "
                          "0-7,8-14,15-19,20-24 (tuned, held out, new and fresh worlds)")
     ap.add_argument("--trials", type=int, default=10, help="measured trials per strategy and world")
@@ -567,9 +583,8 @@ def report(per_world, targets, strategies, structural, a, t0) -> int:
     if a.held_out_from is not None:
         groups += [(f"worlds below {a.held_out_from} (tuned on)", [x for x in per_world if x[1] < a.held_out_from]),
                    (f"worlds {a.held_out_from} and above (held out)", [x for x in per_world if x[1] >= a.held_out_from])]
-    for g in (a.groups.split(",") if a.groups else ()):
-        lo, _, hi = g.partition("-")
-        groups.append((f"worlds {g}", [x for x in per_world if int(lo) <= x[1] <= int(hi or lo)]))
+    for lo, hi in a.groups:
+        groups.append((f"worlds {lo}-{hi}", [x for x in per_world if lo <= x[1] <= hi]))
     for gname, sel in groups:
         if not sel:
             continue

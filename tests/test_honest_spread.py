@@ -27,13 +27,14 @@ def _gp_inputs(r):
 
 
 def test_the_gp_scales_follow_the_studys_residuals(monkeypatch):
-    """A trend of 8% per knob step (the model mis-prices that knob) raises the linear scale above its prior;
+    """A trend of 2.7 prior standard deviations per knob step (the model mis-prices that knob) raises the linear
+    scale above its prior;
     residuals within the noise lower the local scale and leave the linear one at its prior (it only grows);
     switched off, the priors stay whatever was measured."""
     monkeypatch.setattr(sampler_module, "EMPIRICAL_SCALES", True)
     s2 = sampler_module.PRIOR_SPREAD ** 2
     lin0 = sampler_module.KNOB_EFFECT_SD ** 2
-    trend = _gp_inputs([0.08 * k for k in range(6)])
+    trend = _gp_inputs([2.7 * sampler_module.KNOB_EFFECT_SD * k for k in range(6)])
     local, lin = ModelGuidedSampler._scales(trend[0], trend[1], trend[2], s2)
     assert lin > 2 * lin0
     flat = _gp_inputs([0.004, -0.003, 0.002, -0.004, 0.001, 0.0])

@@ -71,7 +71,10 @@ def fp8_verified(tmp_path_factory):
     path = d / "recipe.yaml"
     write_recipe(make_recipe(lay, "tiny-llama"), path)
     lines: list[str] = []
-    outcome = verify(path, steps=12, negative_control=True, out_dir=d / "out", progress=lines.append)
+    # 8 steps (was 12): the margins hold (2026-12-02, 8 steps: candidate final loss difference 0.0002 against 0.005 and
+    # 0 point-wise failures; lr x10 correlation 0.16, inverted mask 0.73 against 0.95; wrong scale 7 and E5M2 forward
+    # 4 point-wise failures at the precision tolerance, both also failing component:precision, which does not train)
+    outcome = verify(path, steps=8, negative_control=True, out_dir=d / "out", progress=lines.append)
     return outcome, load_recipe(outcome.recipe_path), lines  # the verdict goes to out/recipe.yaml (issue 23)
 
 

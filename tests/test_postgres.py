@@ -246,8 +246,10 @@ def test_sigint_fails_the_trial_kills_the_tree_and_a_restart_resumes(pg, tmp_pat
     w = _worker(pg, "sigint", 3, tmp_path / "w0", delay=30.0, tree=True)
     running = _wait_for(lambda: _running_of(pg, "sigint", w.pid), 120)
     assert running is not None, _finish([w], 5)
+    # the trial's whole tree: its leaf, the sleeping grandchild, is running (the worker's own source, and so any
+    # fork of it, also holds the text "time.sleep(120)": only the leaf's last argument is exactly the sleep)
     tree = _wait_for(lambda: [c for c in psutil.Process(w.pid).children(recursive=True)
-                              if "time.sleep(120)" in " ".join(c.cmdline())] and
+                              if c.cmdline()[-1:] == ["import time; time.sleep(120)"]] and
                      psutil.Process(w.pid).children(recursive=True), 30)
     assert tree, "the trial's process tree never started"
     w.send_signal(signal.SIGINT)

@@ -458,6 +458,21 @@ def world_groups(text: str) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
+def numbers(text: str) -> tuple[int, ...]:
+    """`--targets` and `--world-list`: comma-separated non-negative numbers; argparse's one-line error names one that
+    is not."""
+    out = []
+    for x in text.split(","):
+        try:
+            n = int(x)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{x.strip()!r} is not a number: give e.g. 0,1,2") from None
+        if n < 0:
+            raise argparse.ArgumentTypeError(f"{n}: numbers start at 0")
+        out.append(n)
+    return tuple(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kind", choices=("structural", "coefficient"), default="structural",
@@ -473,10 +488,10 @@ def main(argv=None) -> int:
                     help="also report these groups of world numbers apart: comma-separated ranges, e.g. "
                          "0-7,8-14,15-19,20-24 (tuned, held out, new and fresh worlds)")
     ap.add_argument("--trials", type=int, default=10, help="measured trials per strategy and world")
-    ap.add_argument("--targets", default=None,
+    ap.add_argument("--targets", type=numbers, default=None,
                     help="comma-separated target numbers to run (structural: 0 Qwen3.6-27B, 1 Llama-3.1-70B, "
                          "2 Qwen3-30B-A3B); all by default")
-    ap.add_argument("--world-list", default=None,
+    ap.add_argument("--world-list", type=numbers, default=None,
                     help="comma-separated world numbers to run instead of --first-world/--worlds (iterate on a few)")
     ap.add_argument("--cache", default=None,
                     help="folder keeping the scored tables between runs (pickles; e.g. /tmp/attune-tables)")
@@ -512,10 +527,10 @@ def main(argv=None) -> int:
     structural = a.kind == "structural"
     targets = STRUCTURAL_TARGETS if structural else TARGETS
     strategies = STRUCTURAL_STRATEGIES if structural else STRATEGIES
-    only = None if a.targets is None else {int(x) for x in a.targets.split(",")}
+    only = None if a.targets is None else set(a.targets)
     if a.merge:  # --targets and --world-list select among the saved worlds
         sel = [x for x in merged(a.merge) if (only is None or x[0] in only)
-               and (a.world_list is None or x[1] in {int(v) for v in a.world_list.split(",")})]
+               and (a.world_list is None or x[1] in a.world_list)]
         return report(sel, targets, strategies, structural, a, t0)
     if structural and a.strategies:
         _SELECTED.update(SHORT[x] for x in a.strategies.split(","))
@@ -532,8 +547,7 @@ def main(argv=None) -> int:
         sampler_module.BASELINE_OUT_OF_LINEAR = True
     load_targets(targets, only, a.cache)
     per_world = []  # (target number, world number, {strategy: metrics}, claim tuple or None)
-    wl = (range(a.first_world, a.first_world + a.worlds) if a.world_list is None
-          else [int(x) for x in a.world_list.split(",")])
+    wl = range(a.first_world, a.first_world + a.worlds) if a.world_list is None else a.world_list
     jobs = [(ti, w, a.trials) for ti in range(len(targets)) if only is None or ti in only for w in wl]
     fn = run_structural_world if structural else run_world
     pool = (None if a.jobs <= 1 else  # --jobs 1: in this process (cProfile sees the studies)

@@ -1,4 +1,5 @@
-"""benchmarks/search_efficiency.py's `--groups`: world ranges parsed once, a bad range a one-line argparse error."""
+"""benchmarks/search_efficiency.py's `--groups`, `--targets` and `--world-list`: parsed once by argparse, a bad
+value a one-line argparse error (exit 2), not a traceback."""
 
 import argparse
 import importlib.util
@@ -24,4 +25,17 @@ def test_bad_groups_are_one_line_errors(bad, capsys):
         se.main(["--kind", "structural", "--merge", "none.json", "--groups", bad])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("search_efficiency.py: error: argument --groups:") or "error: argument --groups" in err[-1]
+    assert "error: argument --groups" in err[-1]
+
+
+def test_targets_and_world_lists_parse_numbers():
+    assert se.numbers("0,1, 2") == (0, 1, 2)
+
+
+@pytest.mark.parametrize("flag", ["--targets", "--world-list"])
+@pytest.mark.parametrize("bad", ["x", "0,,1", "-1", "1.5"])
+def test_bad_number_lists_are_one_line_errors(flag, bad, capsys):
+    with pytest.raises(SystemExit) as e:
+        se.main(["--kind", "structural", "--merge", "none.json", flag, bad])
+    assert e.value.code == 2
+    assert f"error: argument {flag}" in capsys.readouterr().err.strip().splitlines()[-1]

@@ -390,8 +390,8 @@ class ModelGuidedSampler(BaseSampler):
         spread = np.zeros(len(t))
         kappa = 1.0
         if ok and not self.exact:
-            self._baselines = {t.number for t in study.get_trials(deepcopy=False)
-                               if t.user_attrs.get("role") == "baseline"}
+            self._baselines = {tr.number for tr in study.get_trials(deepcopy=False)
+                               if tr.user_attrs.get("role") == "baseline"}
             mu, spread = self._posterior(mu, ok, cal)
             if SPREAD_CHECK:  # the study's own out-of-sample check of the spread (attune.search.spread_check)
                 kappa = spread_check.spread_factor(spread_check.prediction_tests(study))

@@ -35,7 +35,7 @@ DEAD_AFTER_S = 2.0
 def _tune(out: Path, locks: Path, log: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), ATTUNE_LOCK_DIR=str(locks))
     cmd = [sys.executable, "-c", "import sys; from attune.cli import main; sys.exit(main())", "tune",
-           "--model", "tiny-llama", "--gpus", "2xcpu", "--runner", "torch", "--trials", "2", "--steps", "6",
+           "--model", "tiny-llama", "--gpus", "2xcpu", "--runner", "torch", "--trials", "2", "--steps", "12",
            "--candidates", "4", "--heartbeat", "1", "--grace-period", "3", "--no-verify", "--out", str(out)]
     return subprocess.Popen(cmd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
